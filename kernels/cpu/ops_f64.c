@@ -1,0 +1,6 @@
+/* ops_f64: double instantiation of ops_impl.h, for gradient checks. */
+#include "kernels/cpu/ops.h"
+#define REAL double
+#define FN(name) zt_cpu_f64_##name
+#define GEMM cblas_dgemm
+#include "kernels/cpu/ops_impl.h"

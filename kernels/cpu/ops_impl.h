@@ -1,0 +1,358 @@
+/* ops_impl: the CPU backend's math, written once for a generic `real`.
+ * ops_f32.c instantiates it as the backend; ops_f64.c instantiates it in
+ * double so that tests check these very loops against central finite
+ * differences without float rounding in the way. The includer defines REAL,
+ * FN(name) and GEMM (cblas_sgemm or cblas_dgemm). Plain loops with shape
+ * comments, OpenMP over rows; reductions over rows (parameter gradients) are
+ * split over columns instead, so no two threads write the same element. */
+#include <cblas.h>
+#include <tgmath.h>
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef REAL real;
+
+void FN(gemm)(int ta, int tb, int m, int n, int k, real alpha, const real *a,
+              int lda, const real *b, int ldb, real beta, real *c, int ldc) {
+  GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+       tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+       ldc);
+}
+
+/* Runs body(c0, c1) on disjoint column ranges, one per thread. */
+#define ZT_COLUMN_SPLIT(C, ...)                                   \
+  _Pragma("omp parallel") {                                       \
+    int nt_ = omp_get_num_threads(), id_ = omp_get_thread_num(); \
+    int c0 = (int)((int64_t)(C) * id_ / nt_);                     \
+    int c1 = (int)((int64_t)(C) * (id_ + 1) / nt_);               \
+    __VA_ARGS__                                                   \
+  }
+
+void FN(embed_fwd)(real *out, const int32_t *tok, const real *wte,
+                   const real *wpe, int B, int T, int C) {
+  /* out[B*T, C] */
+#pragma omp parallel for
+  for (int n = 0; n < B * T; n++) {
+    const real *e = wte + (size_t)tok[n] * C;
+    real *o = out + (size_t)n * C;
+    if (wpe) {
+      const real *p = wpe + (size_t)(n % T) * C;
+      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    } else {
+      memcpy(o, e, sizeof(real) * C);
+    }
+  }
+}
+
+void FN(embed_bwd)(real *dwte, real *dwpe, const int32_t *tok,
+                   const real *dout, int B, int T, int C) {
+  ZT_COLUMN_SPLIT(C, {
+    for (int n = 0; n < B * T; n++) {
+      const real *d = dout + (size_t)n * C;
+      real *e = dwte + (size_t)tok[n] * C;
+      for (int c = c0; c < c1; c++) e[c] += d[c];
+      if (dwpe) {
+        real *p = dwpe + (size_t)(n % T) * C;
+        for (int c = c0; c < c1; c++) p[c] += d[c];
+      }
+    }
+  })
+}
+
+void FN(layernorm_fwd)(real *out, real *mean, real *rstd, const real *x,
+                       const real *w, const real *b, int N, int C, real eps) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *xr = x + (size_t)n * C;
+    real *o = out + (size_t)n * C;
+    real m = 0, v = 0;
+    for (int c = 0; c < C; c++) m += xr[c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+    v /= C;
+    real s = 1 / sqrt(v + eps);
+    for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void FN(layernorm_bwd)(real *dx, real *dw, real *db, const real *dout,
+                       const real *x, const real *w, const real *mean,
+                       const real *rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
+    real m = mean[n], s = rstd[n];
+    real g_mean = 0, g_norm_mean = 0; /* mean(dout*w), mean(dout*w*xhat) */
+    for (int c = 0; c < C; c++) {
+      real g = d[c] * w[c];
+      g_mean += g;
+      g_norm_mean += g * (xr[c] - m) * s;
+    }
+    g_mean /= C;
+    g_norm_mean /= C;
+    real *dxr = dx + (size_t)n * C;
+    for (int c = 0; c < C; c++) {
+      real xhat = (xr[c] - m) * s;
+      dxr[c] += (d[c] * w[c] - g_mean - xhat * g_norm_mean) * s;
+    }
+  }
+  ZT_COLUMN_SPLIT(C, {
+    for (int n = 0; n < N; n++) {
+      const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
+      real m = mean[n], s = rstd[n];
+      for (int c = c0; c < c1; c++) {
+        dw[c] += d[c] * (xr[c] - m) * s;
+        db[c] += d[c];
+      }
+    }
+  })
+}
+
+void FN(rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *w,
+                     int N, int C, real eps) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *xr = x + (size_t)n * C;
+    real *o = out + (size_t)n * C;
+    real ss = 0;
+    for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
+    real s = 1 / sqrt(ss / C + eps);
+    for (int c = 0; c < C; c++) o[c] = xr[c] * s * w[c];
+    rstd[n] = s;
+  }
+}
+
+void FN(rmsnorm_bwd)(real *dx, real *dw, const real *dout, const real *x,
+                     const real *w, const real *rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
+    real s = rstd[n], dot = 0; /* dot = sum(dout*w*x) */
+    for (int c = 0; c < C; c++) dot += d[c] * w[c] * xr[c];
+    real k = dot * s * s / C;
+    real *dxr = dx + (size_t)n * C;
+    for (int c = 0; c < C; c++) dxr[c] += s * (d[c] * w[c] - xr[c] * k);
+  }
+  ZT_COLUMN_SPLIT(C, {
+    for (int n = 0; n < N; n++) {
+      const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
+      real s = rstd[n];
+      for (int c = c0; c < c1; c++) dw[c] += d[c] * xr[c] * s;
+    }
+  })
+}
+
+void FN(bias_fwd)(real *y, const real *b, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    real *yr = y + (size_t)n * C;
+    for (int c = 0; c < C; c++) yr[c] += b[c];
+  }
+}
+
+void FN(bias_bwd)(real *db, const real *dy, int N, int C) {
+  ZT_COLUMN_SPLIT(C, {
+    for (int n = 0; n < N; n++) {
+      const real *d = dy + (size_t)n * C;
+      for (int c = c0; c < c1; c++) db[c] += d[c];
+    }
+  })
+}
+
+#define GELU_K ((real)0.7978845608028654) /* sqrt(2/pi) */
+
+void FN(gelu_fwd)(real *y, const real *x, size_t n) {
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) {
+    real v = x[i];
+    y[i] = (real)0.5 * v * (1 + tanh(GELU_K * (v + (real)0.044715 * v * v * v)));
+  }
+}
+
+void FN(gelu_bwd)(real *dx, const real *x, const real *dy, size_t n) {
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) {
+    real v = x[i];
+    real u = GELU_K * (v + (real)0.044715 * v * v * v);
+    real t = tanh(u);
+    real du = GELU_K * (1 + 3 * (real)0.044715 * v * v);
+    dx[i] = dy[i] * ((real)0.5 * (1 + t) + (real)0.5 * v * (1 - t * t) * du);
+  }
+}
+
+void FN(swiglu_fwd)(real *h, const real *gu, int N, int F) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *g = gu + (size_t)n * 2 * F, *u = g + F;
+    real *hr = h + (size_t)n * F;
+    for (int f = 0; f < F; f++) hr[f] = g[f] / (1 + exp(-g[f])) * u[f];
+  }
+}
+
+void FN(swiglu_bwd)(real *dgu, const real *gu, const real *dh, int N, int F) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *g = gu + (size_t)n * 2 * F, *u = g + F;
+    const real *d = dh + (size_t)n * F;
+    real *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+    for (int f = 0; f < F; f++) {
+      real sig = 1 / (1 + exp(-g[f]));
+      du[f] = d[f] * g[f] * sig;
+      dg[f] = d[f] * u[f] * sig * (1 + g[f] * (1 - sig));
+    }
+  }
+}
+
+/* Rotates pairs (i, i + hd/2) of each of the first nh heads by +angle
+ * (dir = 1) or -angle (dir = -1, the transpose, for backward). */
+static void FN(rope_apply)(real *x, const real *cs, int N, int T, int nh,
+                           int hd, int rs, real dir) {
+  int half = hd / 2;
+  const real *cosv = cs, *sinv = cs + (size_t)T * half;
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *co = cosv + (size_t)(n % T) * half;
+    const real *si = sinv + (size_t)(n % T) * half;
+    for (int h = 0; h < nh; h++) {
+      real *a = x + (size_t)n * rs + (size_t)h * hd, *b = a + half;
+      for (int i = 0; i < half; i++) {
+        real s = dir * si[i], x0 = a[i], x1 = b[i];
+        a[i] = x0 * co[i] - x1 * s;
+        b[i] = x1 * co[i] + x0 * s;
+      }
+    }
+  }
+}
+
+void FN(rope_fwd)(real *x, const real *cs, int N, int T, int nh, int hd, int rs) {
+  FN(rope_apply)(x, cs, N, T, nh, hd, rs, 1);
+}
+
+void FN(rope_bwd)(real *dx, const real *cs, int N, int T, int nh, int hd, int rs) {
+  FN(rope_apply)(dx, cs, N, T, nh, hd, rs, -1);
+}
+
+/* One task per (sample, kv head): the query heads sharing a kv head run in
+ * the same task, so their dK/dV accumulation needs no atomics. BLAS calls
+ * inside the parallel region run single-threaded (OpenBLAS/OpenMP). */
+void FN(attn_fwd)(real *out, real *probs, const real *qkv, int B, int T,
+                  int H, int KVH, int hd) {
+  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
+  real scale = 1 / sqrt((real)hd);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; b++)
+    for (int kh = 0; kh < KVH; kh++) {
+      const real *base = qkv + (size_t)b * T * rs;
+      const real *K = base + (size_t)(H + kh) * hd;
+      const real *V = base + (size_t)(H + KVH + kh) * hd;
+      for (int g = 0; g < G; g++) {
+        int h = kh * G + g;
+        const real *Q = base + (size_t)h * hd;
+        real *P = probs + ((size_t)b * H + h) * T * T;
+        /* P[T,T] = scale * Q[T,hd] K[T,hd]^T, then causal softmax by row */
+        FN(gemm)(0, 1, T, T, hd, scale, Q, rs, K, rs, 0, P, T);
+        for (int i = 0; i < T; i++) {
+          real *p = P + (size_t)i * T, mx = p[0], sum = 0;
+          for (int j = 1; j <= i; j++) mx = p[j] > mx ? p[j] : mx;
+          for (int j = 0; j <= i; j++) sum += (p[j] = exp(p[j] - mx));
+          for (int j = 0; j <= i; j++) p[j] /= sum;
+          for (int j = i + 1; j < T; j++) p[j] = 0;
+        }
+        /* out[T,hd] = P[T,T] V[T,hd] */
+        FN(gemm)(0, 0, T, hd, T, 1, P, T, V, rs, 0,
+                 out + (size_t)b * T * os + (size_t)h * hd, os);
+      }
+    }
+}
+
+void FN(attn_bwd)(real *dqkv, real *dprobs, const real *dout, const real *qkv,
+                  const real *probs, int B, int T, int H, int KVH, int hd) {
+  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
+  real scale = 1 / sqrt((real)hd);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; b++)
+    for (int kh = 0; kh < KVH; kh++) {
+      const real *base = qkv + (size_t)b * T * rs;
+      real *dbase = dqkv + (size_t)b * T * rs;
+      const real *K = base + (size_t)(H + kh) * hd;
+      const real *V = base + (size_t)(H + KVH + kh) * hd;
+      real *dK = dbase + (size_t)(H + kh) * hd;
+      real *dV = dbase + (size_t)(H + KVH + kh) * hd;
+      for (int t = 0; t < T; t++) {
+        memset(dK + (size_t)t * rs, 0, sizeof(real) * hd);
+        memset(dV + (size_t)t * rs, 0, sizeof(real) * hd);
+      }
+      for (int g = 0; g < G; g++) {
+        int h = kh * G + g;
+        const real *Q = base + (size_t)h * hd;
+        const real *P = probs + ((size_t)b * H + h) * T * T;
+        const real *dO = dout + (size_t)b * T * os + (size_t)h * hd;
+        real *dP = dprobs + ((size_t)b * H + h) * T * T;
+        /* dP[T,T] = dO[T,hd] V^T;  dV[T,hd] += P^T dO */
+        FN(gemm)(0, 1, T, T, hd, 1, dO, os, V, rs, 0, dP, T);
+        FN(gemm)(1, 0, T, hd, T, 1, P, T, dO, os, 1, dV, rs);
+        /* softmax backward, scaled: dS = scale * P * (dP - rowsum(P*dP)) */
+        for (int i = 0; i < T; i++) {
+          const real *p = P + (size_t)i * T;
+          real *dp = dP + (size_t)i * T, dot = 0;
+          for (int j = 0; j <= i; j++) dot += p[j] * dp[j];
+          for (int j = 0; j <= i; j++) dp[j] = scale * p[j] * (dp[j] - dot);
+          for (int j = i + 1; j < T; j++) dp[j] = 0;
+        }
+        /* dQ[T,hd] = dS K;  dK[T,hd] += dS^T Q */
+        FN(gemm)(0, 0, T, hd, T, 1, dP, T, K, rs, 0, dbase + (size_t)h * hd, rs);
+        FN(gemm)(1, 0, T, hd, T, 1, dP, T, Q, rs, 1, dK, rs);
+      }
+    }
+}
+
+void FN(xent_fwd_bwd)(real *logits, real *loss, const int32_t *targets, int N,
+                      int V, real dscale) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    real *l = logits + (size_t)n * V;
+    real mx = l[0];
+    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+    double sum = 0; /* V is large: sum in double even in the f32 build */
+    for (int v = 0; v < V; v++) sum += exp(l[v] - mx);
+    real lse = mx + (real)log(sum);
+    loss[n] = lse - l[targets[n]];
+    for (int v = 0; v < V; v++) l[v] = exp(l[v] - lse) * dscale;
+    l[targets[n]] -= dscale;
+  }
+}
+
+void FN(add)(real *y, const real *x, size_t n) {
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void FN(scale)(real *x, real s, size_t n) {
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+double FN(sumsq)(const real *x, size_t n) {
+  double s = 0;
+#pragma omp parallel for reduction(+ : s)
+  for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+  return s;
+}
+
+void FN(adamw)(real *p, const real *g, real *m, real *v, size_t n,
+               const zt_adamw_args *a) {
+  /* Same order of operations as torch.optim.AdamW (single-tensor path). */
+  real decay = a->decay, b1 = a->b1, c1 = a->c1, b2 = a->b2, c2 = a->c2;
+  real eps = a->eps, step = a->step, bc2s = a->bc2_sqrt;
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) {
+    p[i] *= decay;
+    m[i] = b1 * m[i] + c1 * g[i];
+    v[i] = b2 * v[i] + c2 * g[i] * g[i];
+    p[i] -= step * m[i] / (sqrt(v[i]) / bc2s + eps);
+  }
+}

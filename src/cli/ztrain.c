@@ -1,0 +1,260 @@
+/* ztrain: the command-line tool. Runs one process without mpirun or many
+ * ranks under mpirun/srun; every rank runs the same configuration code, so
+ * bad input is found everywhere at once, reported once (rank 0) and every
+ * rank exits with the same code: 0 success, 1 runtime failure, 2 bad input. */
+#include <errno.h>
+#include <getopt.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+#include "parallel/comm.h"
+#include "src/ckpt/ckpt.h"
+#include "src/config/config.h"
+#include "src/data/data.h"
+#include "src/train/report.h"
+#include "src/train/trainer.h"
+
+#ifndef ZT_VERSION
+#define ZT_VERSION "dev"
+#endif
+
+static const char usage[] =
+    "Usage: ztrain [OPTIONS] SCRIPT.lua\n"
+    "       ztrain tokenize INPUT.txt OUTPUT.bin [--val VAL.bin] [--val-fraction F]\n"
+    "\n"
+    "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
+    "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
+    "\n"
+    "Options:\n"
+    "  -e STMT          run a Lua statement after the script (repeatable),\n"
+    "                   e.g. -e 'train.steps = 10'\n"
+    "      --steps N    total optimizer steps (sets train.steps)\n"
+    "      --load PATH  start from this checkpoint (weights, optimizer, step)\n"
+    "      --save PATH  write a checkpoint when training ends\n"
+    "                   (--steps 0 --save init.h5 writes the initial model)\n"
+    "      --metrics PATH  write one JSON object per step (JSON Lines)\n"
+    "  -h, --help       show this help and exit\n"
+    "  -V, --version    show the version and exit\n"
+    "\n"
+    "tokenize: turns a text file into byte-level tokens (vocab 256) in\n"
+    "ztrain's token file format; --val writes the last --val-fraction\n"
+    "(default 0.1) of the text to a second file.\n"
+    "\n"
+    "Exit status: 0 success, 1 runtime failure, 2 bad input.\n"
+    "Documentation: docs/ (script keys: docs/script.md).\n";
+
+typedef struct {
+  char **stmts;
+  int nstmts;
+  const char *script, *load, *save, *metrics;
+} cli_args;
+
+/* Every rank learns the first failing rank's status and message, so all
+ * exit alike and rank 0 can print the one message. */
+static int agree(zt_comm *world, int rc, zt_err *e) {
+  int mine = rc ? world->rank : world->size, first = mine;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world->mpi);
+  if (first == world->size) return ZT_OK;
+  MPI_Bcast(e, sizeof *e, MPI_BYTE, first, world->mpi);
+  return e->code;
+}
+
+static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
+  static const struct option longopts[] = {
+      {"steps", required_argument, 0, 's'}, {"load", required_argument, 0, 'l'},
+      {"save", required_argument, 0, 'o'},  {"metrics", required_argument, 0, 'm'},
+      {"help", no_argument, 0, 'h'},        {"version", no_argument, 0, 'V'},
+      {0, 0, 0, 0}};
+  memset(a, 0, sizeof *a);
+  a->stmts = calloc((size_t)argc + 1, sizeof *a->stmts);
+  const char *steps = NULL;
+  int c;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "e:hV", longopts, NULL)) != -1) {
+    switch (c) {
+      case 'e': a->stmts[a->nstmts++] = strdup(optarg); break;
+      case 's': steps = optarg; break;
+      case 'l': a->load = optarg; break;
+      case 'o': a->save = optarg; break;
+      case 'm': a->metrics = optarg; break;
+      case 'h': return 'h';
+      case 'V': return 'V';
+      default:
+        return zt_err_set(e, ZT_EINPUT, "%s '%s'; see ztrain --help",
+                          optopt ? "missing value or unknown option" : "unknown option",
+                          argv[optind - 1]);
+    }
+  }
+  if (steps) {
+    char *end;
+    long long n = strtoll(steps, &end, 10);
+    if (*end || n < 0)
+      return zt_err_set(e, ZT_EINPUT, "--steps needs a non-negative integer, got '%s'", steps);
+    char buf[64];
+    snprintf(buf, sizeof buf, "train.steps = %lld", n);
+    a->stmts[a->nstmts++] = strdup(buf);
+  }
+  if (optind != argc - 1)
+    return zt_err_set(e, ZT_EINPUT, optind == argc ? "no script given; usage: ztrain [OPTIONS] SCRIPT.lua"
+                                                   : "one script expected, got %d arguments; see ztrain --help",
+                      argc - optind);
+  a->script = argv[optind];
+  return ZT_OK;
+}
+
+static int tokenize_main(int argc, char **argv) {
+  const char *val = NULL;
+  double frac = 0.1;
+  const char *pos[2];
+  int npos = 0;
+  zt_err e = {0};
+  for (int i = 2; i < argc; i++) {
+    if (!strcmp(argv[i], "--val") && i + 1 < argc) val = argv[++i];
+    else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) frac = atof(argv[++i]);
+    else if (argv[i][0] == '-' || npos == 2) {
+      fprintf(stderr, "ztrain tokenize: unexpected argument '%s'\n%s", argv[i], usage);
+      return ZT_EINPUT;
+    } else pos[npos++] = argv[i];
+  }
+  if (npos != 2) {
+    fprintf(stderr, "ztrain tokenize: need INPUT.txt and OUTPUT.bin\n");
+    return ZT_EINPUT;
+  }
+  int rc = zt_tokenize_text(pos[0], pos[1], val, frac, &e);
+  if (rc) fprintf(stderr, "ztrain tokenize: %s\n", e.msg);
+  return rc;
+}
+
+/* Threads: OMP_NUM_THREADS when set, else this node's cores shared evenly
+ * among the ranks on it. */
+static void set_threads(void) {
+  if (getenv("OMP_NUM_THREADS")) return;
+  MPI_Comm node;
+  int local = 1;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int n = (int)(cores / local);
+  omp_set_num_threads(n > 0 ? n : 1);
+}
+
+/* checkpoint.every: dir/step_NNNNNNNN.h5, keeping the newest `keep`. */
+static int periodic_save(const zt_plan *p, const zt_model *m, const zt_optim *o,
+                         zt_comm *world, zt_err *e) {
+  if (world->rank == 0 && mkdir(p->ckpt.dir, 0777) && errno != EEXIST) {
+    zt_err_set(e, ZT_ERUNTIME, "cannot create checkpoint dir %s: %s", p->ckpt.dir,
+               strerror(errno));
+  }
+  if (agree(world, e->code, e)) return e->code;
+  size_t n = strlen(p->ckpt.dir) + 32;
+  char *path = malloc(n);
+  snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, (long long)o->t);
+  int rc = zt_ckpt_save(path, m, o, p->json, world, e);
+  long long old = (long long)o->t - (long long)p->ckpt.keep * p->ckpt.every;
+  if (!rc && world->rank == 0 && old > 0) {
+    snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, old);
+    unlink(path);
+  }
+  free(path);
+  return rc;
+}
+
+static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
+  const zt_backend *be = zt_backend_cpu();
+  zt_plan plan;
+  zt_tokens train_tok = {0}, val_tok = {0};
+  zt_model model = {0};
+  zt_optim optim = {0};
+  zt_trainer tr = {0};
+  zt_report rep = {0};
+  int rank0 = world->rank == 0;
+
+  int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
+  if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
+                               plan.model.seq, plan.model.vocab, e);
+  if (!rc && plan.data.val)
+    rc = zt_tokens_open(&val_tok, plan.data.val, plan.data.token_bytes,
+                        plan.model.seq, plan.model.vocab, e);
+  rc = agree(world, rc, e);
+  if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch, e);
+  if (!rc) rc = zt_optim_init(&optim, &plan.train.optim, &model, e);
+  rc = agree(world, rc, e);
+  if (!rc) {
+    if (a->load) rc = zt_ckpt_load(a->load, &model, &optim, e);
+    else zt_model_init_weights(&model, plan.train.seed);
+  }
+  rc = agree(world, rc, e);
+  if (!rc) rc = zt_trainer_init(&tr, &plan.train, &model, &optim, world, &train_tok,
+                                plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
+  if (!rc) {
+    double peak = plan.train.peak_gflops;
+    if (peak <= 0 && rank0 && plan.train.log_every > 0) peak = zt_report_measure_peak_gflops(be);
+    rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, optim.t,
+                        plan.train.steps, zt_model_flops_per_token(&model), peak, e);
+  }
+  rc = agree(world, rc, e);
+  if (!rc && rank0) {
+    printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
+           "batch %d = micro %d x accum %d x dp %d | %d threads/rank | steps %lld..%lld\n",
+           ZT_VERSION, plan.model.arch == ZT_ARCH_GPT ? "gpt" : "llama",
+           plan.model.layers, plan.model.dim, plan.model.heads, plan.model.kv_heads,
+           plan.model.vocab, plan.model.seq, (double)model.numel / 1e6,
+           plan.train.global_batch, plan.train.micro_batch, plan.train.accum,
+           plan.parallel.dp, omp_get_max_threads(), (long long)optim.t,
+           (long long)plan.train.steps);
+    fflush(stdout);
+  }
+  while (!rc && optim.t < plan.train.steps) {
+    zt_step_stats st;
+    zt_trainer_step(&tr, &st);
+    zt_report_step(&rep, &st);
+    int last = st.step == plan.train.steps;
+    if (tr.has_val && ((plan.train.eval_every && st.step % plan.train.eval_every == 0) || last))
+      zt_report_eval(&rep, st.step, zt_trainer_eval(&tr, plan.data.val_batches));
+    if (plan.ckpt.every && st.step % plan.ckpt.every == 0)
+      rc = periodic_save(&plan, &model, &optim, world, e);
+  }
+  if (!rc && a->save) rc = zt_ckpt_save(a->save, &model, &optim, plan.json, world, e);
+
+  zt_report_close(&rep);
+  zt_trainer_free(&tr);
+  if (optim.m) zt_optim_free(&optim, &model);
+  if (model.params) zt_model_free(&model);
+  zt_tokens_close(&train_tok);
+  zt_tokens_close(&val_tok);
+  zt_plan_free(&plan);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "tokenize")) return tokenize_main(argc, argv);
+  cli_args a;
+  zt_err e = {0};
+  int rc = parse_args(argc, argv, &a, &e);
+  if (rc == 'h') { fputs(usage, stdout); return 0; }
+  if (rc == 'V') {
+    printf("ztrain %s (CPU backend: OpenBLAS + OpenMP; CUDA devices visible: %d)\n",
+           ZT_VERSION, zt_backend_cuda_devices());
+    return 0;
+  }
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  zt_comm world;
+  zt_comm_wrap(&world, "world", MPI_COMM_WORLD);
+  if (!rc) {
+    set_threads();
+    rc = train_main(&a, &world, &e);
+  }
+  if (rc && world.rank == 0) fprintf(stderr, "ztrain: error: %s\n", e.msg);
+  for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);
+  free(a.stmts);
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,39 @@
+/* config: runs the user's Lua script once, with the lua/ library preloaded
+ * (compiled into the binary; ZTRAIN_LUA_PATH may point at a source tree for
+ * development), applies -e statements, and hands C a plain zt_plan. Nothing
+ * reads Lua after this. */
+#ifndef ZT_CONFIG_H
+#define ZT_CONFIG_H
+
+#include "src/core/err.h"
+#include "src/data/data.h"
+#include "src/model/model.h"
+#include "src/train/trainer.h"
+
+typedef struct zt_parallel_cfg {
+  int dp, tp, pp, zero;
+} zt_parallel_cfg;
+
+typedef struct zt_ckpt_cfg {
+  char *dir;
+  int every, keep, async;
+} zt_ckpt_cfg;
+
+typedef struct zt_plan {
+  zt_model_cfg model;
+  zt_train_cfg train;
+  zt_data_cfg data;
+  zt_parallel_cfg parallel;
+  zt_ckpt_cfg ckpt;
+  char *script_path;
+  char *json; /* the resolved plan as JSON, stored in checkpoints */
+} zt_plan;
+
+/* Runs `script` then each of `stmts` (Lua statements) in one state, checks
+ * the result against the world size and fills *p. Errors are ZT_EINPUT with
+ * file:line where Lua knows it. */
+int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
+                   int world_size, zt_err *e);
+void zt_plan_free(zt_plan *p);
+
+#endif

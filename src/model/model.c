@@ -1,0 +1,245 @@
+/* model: memory of a model instance and the forward/backward pass of one
+ * micro-batch. Shapes: N = B*T rows, C = dim, Q = qkv_rows, Fi = fc_rows,
+ * Fh = hidden, V = vocab. Linear layers keep PyTorch's [out, in] weights, so
+ * every GEMM is a plain BLAS call with no transposed copy:
+ *   y = x W^T       gemm(0,1)   dW += dy^T x   gemm(1,0)   dx = dy W   gemm(0,0)
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/model/model.h"
+
+/* Carves consecutive pieces out of one allocation: one pass with base NULL
+ * measures, the second assigns. */
+typedef struct { char *base; size_t used; } carver;
+
+static void *carve(carver *cv, size_t bytes) {
+  void *p = cv->base ? cv->base + cv->used : NULL;
+  cv->used += (bytes + 63) / 64 * 64;
+  return p;
+}
+
+static void carve_acts(zt_model *m, carver *cv) {
+  const zt_model_cfg *c = &m->cfg;
+  size_t N = (size_t)m->B * c->seq, C = c->dim, f = sizeof(float);
+  size_t P = (size_t)m->B * c->heads * c->seq * c->seq;
+  for (int l = 0; l <= c->layers; l++) m->res[l] = carve(cv, N * C * f);
+  for (int l = 0; l < c->layers; l++) {
+    zt_block_acts *a = &m->acts[l];
+    a->ln1 = carve(cv, N * C * f);
+    a->ln1_mean = carve(cv, N * f);
+    a->ln1_rstd = carve(cv, N * f);
+    a->qkv = carve(cv, N * m->qkv_rows * f);
+    a->att = carve(cv, N * C * f);
+    a->probs = carve(cv, P * f);
+    a->mid = carve(cv, N * C * f);
+    a->ln2 = carve(cv, N * C * f);
+    a->ln2_mean = carve(cv, N * f);
+    a->ln2_rstd = carve(cv, N * f);
+    a->fc = carve(cv, N * m->fc_rows * f);
+    a->act = carve(cv, N * m->hidden * f);
+  }
+  m->lnf = carve(cv, N * C * f);
+  m->lnf_mean = carve(cv, N * f);
+  m->lnf_rstd = carve(cv, N * f);
+  m->logits = carve(cv, N * c->vocab * f);
+  m->losses = carve(cv, N * f);
+  m->dres = carve(cv, N * C * f);
+  m->dln = carve(cv, N * C * f);
+  m->datt = carve(cv, N * C * f);
+  m->dqkv = carve(cv, N * m->qkv_rows * f);
+  m->dfc = carve(cv, N * m->fc_rows * f);
+  m->dact = carve(cv, N * m->hidden * f);
+  m->dprobs = carve(cv, P * f);
+  m->rope_cs = carve(cv, (size_t)c->seq * m->hd * f);
+  m->tokens = carve(cv, N * sizeof(int32_t));
+  m->targets = carve(cv, N * sizeof(int32_t));
+}
+
+/* cos then sin tables [T, hd/2]: freq_i = theta^(-2i/hd), angle = t*freq_i */
+static void upload_rope(zt_model *m) {
+  int T = m->cfg.seq, half = m->hd / 2;
+  float *cs = malloc((size_t)T * m->hd * sizeof *cs);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      double freq = pow((double)m->cfg.rope_theta, -2.0 * i / m->hd);
+      cs[t * half + i] = (float)cos(t * freq);
+      cs[(size_t)T * half + t * half + i] = (float)sin(t * freq);
+    }
+  m->be->upload(m->rope_cs, cs, (size_t)T * m->hd * sizeof *cs);
+  free(cs);
+}
+
+int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
+                  int micro_batch, zt_err *e) {
+  int rc = zt_model_layout(m, cfg, e);
+  if (rc) return rc;
+  m->be = be;
+  m->B = micro_batch;
+  m->res = calloc((size_t)cfg->layers + 1, sizeof *m->res);
+  m->acts = calloc((size_t)cfg->layers, sizeof *m->acts);
+  m->host_losses = malloc((size_t)micro_batch * cfg->seq * sizeof(float));
+  carver cv = {0};
+  carve_acts(m, &cv);
+  size_t wbytes = (size_t)m->numel * sizeof(float);
+  m->w = be->alloc(wbytes);
+  m->g = be->alloc(wbytes);
+  m->arena = be->alloc(cv.used);
+  if (!m->res || !m->acts || !m->host_losses || !m->w || !m->g || !m->arena) {
+    double gib = (2.0 * wbytes + cv.used) / (1 << 30);
+    zt_model_free(m);
+    return zt_err_set(e, ZT_ERUNTIME,
+                      "out of memory: the model needs %.2f GiB on backend %s "
+                      "(weights and gradients %.2f GiB, activations for "
+                      "micro_batch %d: %.2f GiB); try a smaller micro_batch",
+                      gib, be->name, 2.0 * wbytes / (1 << 30), micro_batch,
+                      (double)cv.used / (1 << 30));
+  }
+  cv = (carver){.base = (char *)m->arena};
+  carve_acts(m, &cv);
+  if (cfg->arch == ZT_ARCH_LLAMA) upload_rope(m);
+  return ZT_OK;
+}
+
+void zt_model_free(zt_model *m) {
+  if (m->be) {
+    m->be->free(m->w);
+    m->be->free(m->g);
+    m->be->free(m->arena);
+  }
+  free(m->params);
+  free(m->blocks);
+  free(m->res);
+  free(m->acts);
+  free(m->host_losses);
+  memset(m, 0, sizeof *m);
+}
+
+/* Pointer to parameter i in buffer base (w or g); NULL when i is absent. */
+static float *P(const zt_model *m, float *base, int i) {
+  return i < 0 ? NULL : base + m->params[i].t.offset;
+}
+
+static void norm_fwd(const zt_model *m, float *out, float *mean, float *rstd,
+                     const float *x, int wi, int bi) {
+  int N = m->B * m->cfg.seq, C = m->cfg.dim;
+  if (m->cfg.arch == ZT_ARCH_GPT)
+    m->be->layernorm_fwd(out, mean, rstd, x, P(m, m->w, wi), P(m, m->w, bi), N,
+                         C, m->cfg.norm_eps);
+  else
+    m->be->rmsnorm_fwd(out, rstd, x, P(m, m->w, wi), N, C, m->cfg.norm_eps);
+}
+
+static void norm_bwd(const zt_model *m, float *dx, const float *dout,
+                     const float *x, const float *mean, const float *rstd,
+                     int wi, int bi) {
+  int N = m->B * m->cfg.seq, C = m->cfg.dim;
+  if (m->cfg.arch == ZT_ARCH_GPT)
+    m->be->layernorm_bwd(dx, P(m, m->g, wi), P(m, m->g, bi), dout, x,
+                         P(m, m->w, wi), mean, rstd, N, C);
+  else
+    m->be->rmsnorm_bwd(dx, P(m, m->g, wi), dout, x, P(m, m->w, wi), rstd, N, C);
+}
+
+/* y[N,out] (= or +=) x[N,in] W^T + b */
+static void linear_fwd(const zt_model *m, float *y, const float *x, int wi,
+                       int bi, int out, int in, float beta) {
+  int N = m->B * m->cfg.seq;
+  m->be->gemm(0, 1, N, out, in, 1, x, in, P(m, m->w, wi), in, beta, y, out);
+  if (bi >= 0) m->be->bias_fwd(y, P(m, m->w, bi), N, out);
+}
+
+/* dW += dy^T x; db += colsum(dy); dx = dy W (dx may be NULL) */
+static void linear_bwd(const zt_model *m, float *dx, const float *dy,
+                       const float *x, int wi, int bi, int out, int in) {
+  int N = m->B * m->cfg.seq;
+  m->be->gemm(1, 0, out, in, N, 1, dy, out, x, in, 1, P(m, m->g, wi), in);
+  if (bi >= 0) m->be->bias_bwd(P(m, m->g, bi), dy, N, out);
+  if (dx) m->be->gemm(0, 0, N, in, out, 1, dy, out, P(m, m->w, wi), in, 0, dx, in);
+}
+
+static void block_fwd(zt_model *m, int l) {
+  const zt_model_cfg *c = &m->cfg;
+  const zt_backend *be = m->be;
+  const zt_block_params *b = &m->blocks[l];
+  zt_block_acts *a = &m->acts[l];
+  int N = m->B * c->seq, C = c->dim;
+  size_t NC = (size_t)N * C;
+
+  norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, m->res[l], b->norm1_w, b->norm1_b);
+  linear_fwd(m, a->qkv, a->ln1, b->qkv_w, b->qkv_b, m->qkv_rows, C, 0);
+  if (c->arch == ZT_ARCH_LLAMA) /* q and k heads are the first H+KVH of a row */
+    be->rope_fwd(a->qkv, m->rope_cs, N, c->seq, c->heads + c->kv_heads, m->hd,
+                 m->qkv_rows);
+  be->attn_fwd(a->att, a->probs, a->qkv, m->B, c->seq, c->heads, c->kv_heads, m->hd);
+  be->copy(a->mid, m->res[l], NC); /* mid = res + out(att) */
+  linear_fwd(m, a->mid, a->att, b->out_w, b->out_b, C, C, 1);
+
+  norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->mid, b->norm2_w, b->norm2_b);
+  linear_fwd(m, a->fc, a->ln2, b->fc_w, b->fc_b, m->fc_rows, C, 0);
+  if (c->arch == ZT_ARCH_GPT)
+    be->gelu_fwd(a->act, a->fc, (size_t)N * m->hidden);
+  else
+    be->swiglu_fwd(a->act, a->fc, N, m->hidden);
+  be->copy(m->res[l + 1], a->mid, NC); /* res' = mid + down(act) */
+  linear_fwd(m, m->res[l + 1], a->act, b->down_w, b->down_b, C, m->hidden, 1);
+}
+
+/* On entry m->dres holds d(res[l+1]); on exit d(res[l]). The residual
+ * gradient is accumulated in place: the norms' backward adds into it. */
+static void block_bwd(zt_model *m, int l) {
+  const zt_model_cfg *c = &m->cfg;
+  const zt_backend *be = m->be;
+  const zt_block_params *b = &m->blocks[l];
+  zt_block_acts *a = &m->acts[l];
+  int N = m->B * c->seq, C = c->dim;
+
+  linear_bwd(m, m->dact, m->dres, a->act, b->down_w, b->down_b, C, m->hidden);
+  if (c->arch == ZT_ARCH_GPT)
+    be->gelu_bwd(m->dfc, a->fc, m->dact, (size_t)N * m->hidden);
+  else
+    be->swiglu_bwd(m->dfc, a->fc, m->dact, N, m->hidden);
+  linear_bwd(m, m->dln, m->dfc, a->ln2, b->fc_w, b->fc_b, m->fc_rows, C);
+  norm_bwd(m, m->dres, m->dln, a->mid, a->ln2_mean, a->ln2_rstd, b->norm2_w, b->norm2_b);
+
+  linear_bwd(m, m->datt, m->dres, a->att, b->out_w, b->out_b, C, C);
+  be->attn_bwd(m->dqkv, m->dprobs, m->datt, a->qkv, a->probs, m->B, c->seq,
+               c->heads, c->kv_heads, m->hd);
+  if (c->arch == ZT_ARCH_LLAMA)
+    be->rope_bwd(m->dqkv, m->rope_cs, N, c->seq, c->heads + c->kv_heads, m->hd,
+                 m->qkv_rows);
+  linear_bwd(m, m->dln, m->dqkv, a->ln1, b->qkv_w, b->qkv_b, m->qkv_rows, C);
+  norm_bwd(m, m->dres, m->dln, m->res[l], a->ln1_mean, a->ln1_rstd, b->norm1_w, b->norm1_b);
+}
+
+double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
+                     int backward, float dscale) {
+  const zt_model_cfg *c = &m->cfg;
+  const zt_backend *be = m->be;
+  int N = m->B * c->seq, C = c->dim, V = c->vocab;
+
+  be->upload(m->tokens, tokens, (size_t)N * sizeof *tokens);
+  be->upload(m->targets, targets, (size_t)N * sizeof *targets);
+  be->embed_fwd(m->res[0], m->tokens, P(m, m->w, m->embed_tok),
+                P(m, m->w, m->embed_pos), m->B, c->seq, C);
+  for (int l = 0; l < c->layers; l++) block_fwd(m, l);
+  norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->res[c->layers], m->final_w, m->final_b);
+  linear_fwd(m, m->logits, m->lnf, m->head, -1, V, C, 0);
+  be->xent_fwd_bwd(m->logits, m->losses, m->targets, N, V, backward ? dscale : 0);
+
+  be->download(m->host_losses, m->losses, (size_t)N * sizeof(float));
+  double sum = 0;
+  for (int i = 0; i < N; i++) sum += m->host_losses[i];
+  if (!backward) return sum;
+
+  /* logits now hold dlogits */
+  linear_bwd(m, m->dln, m->logits, m->lnf, m->head, -1, V, C);
+  be->zero(m->dres, (size_t)N * C);
+  norm_bwd(m, m->dres, m->dln, m->res[c->layers], m->lnf_mean, m->lnf_rstd,
+           m->final_w, m->final_b);
+  for (int l = c->layers - 1; l >= 0; l--) block_bwd(m, l);
+  be->embed_bwd(P(m, m->g, m->embed_tok), P(m, m->g, m->embed_pos), m->tokens,
+                m->dres, m->B, c->seq, C);
+  return sum;
+}

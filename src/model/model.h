@@ -1,0 +1,104 @@
+/* model: decoder-only transformers (GPT-2 and LLaMA styles) as a list of
+ * blocks with hand-written forward and backward passes over kernels.h.
+ * Parameters live in one flat device buffer, gradients in a second one with
+ * the same layout; each tensor is a zt_tensor_desc with its logical name and
+ * shape, which is what checkpoints, the optimizer and (later) ZeRO address.
+ * Activations for one micro-batch are allocated once, at init. */
+#ifndef ZT_MODEL_H
+#define ZT_MODEL_H
+
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "src/core/err.h"
+#include "src/core/tensor.h"
+
+typedef enum { ZT_ARCH_GPT = 0, ZT_ARCH_LLAMA = 1 } zt_arch;
+
+typedef struct zt_model_cfg {
+  zt_arch arch;
+  int vocab, seq, dim, layers, heads;
+  int kv_heads; /* = heads for gpt */
+  int ffn_dim;  /* MLP width: 4*dim for gpt */
+  float norm_eps, rope_theta;
+  int tied; /* head shares embed.tokens (gpt only) */
+} zt_model_cfg;
+
+typedef enum { ZT_INIT_NORMAL, ZT_INIT_ZEROS, ZT_INIT_ONES } zt_init_kind;
+
+typedef struct zt_param {
+  zt_tensor_desc t;
+  zt_init_kind init;
+  float std;
+} zt_param;
+
+/* Indices into the parameter table for one block; -1 when absent. The
+ * fused tensors are contiguous runs of logical tensors: qkv is q,k,v (llama)
+ * or attn.qkv (gpt); fc is gate,up (llama) or mlp.up (gpt). */
+typedef struct zt_block_params {
+  int norm1_w, norm1_b, qkv_w, qkv_b, out_w, out_b;
+  int norm2_w, norm2_b, fc_w, fc_b, down_w, down_b;
+} zt_block_params;
+
+/* Saved activations of one block for one micro-batch. */
+typedef struct zt_block_acts {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *probs, *mid;
+  float *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+} zt_block_acts;
+
+typedef struct zt_model {
+  zt_model_cfg cfg;
+  const zt_backend *be;
+  int B;              /* micro-batch size the activations are sized for */
+  int hd, qkv_rows;   /* head dim; rows of the fused qkv weight */
+  int fc_rows, hidden; /* rows of the fused first MLP weight; MLP width */
+
+  int n_params;
+  zt_param *params;
+  int64_t numel;   /* elements in the flat parameter buffer */
+  float *w, *g;    /* device: parameters, gradients (same layout) */
+  int embed_tok, embed_pos, final_w, final_b, head; /* indices, -1 if absent */
+  zt_block_params *blocks;
+
+  /* device activations and scratch */
+  float *arena;
+  float **res; /* residual stream: res[l] is the input of block l, [N, C] */
+  zt_block_acts *acts;
+  float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+  float *dres, *dln, *datt, *dqkv, *dfc, *dact, *dprobs;
+  float *rope_cs;
+  int32_t *tokens, *targets;
+  float *host_losses;
+} zt_model;
+
+/* Checks the description on its own (divisibility, ranges), before anything
+ * is allocated. */
+int zt_model_cfg_check(const zt_model_cfg *cfg, zt_err *e);
+
+/* Builds the parameter table only (names, shapes, offsets): no memory for
+ * weights or activations. Checkpoint readers and the planner use this. */
+int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, zt_err *e);
+
+/* Layout plus device memory for weights, gradients and the activations of a
+ * micro-batch of `micro_batch` samples. */
+int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
+                  int micro_batch, zt_err *e);
+void zt_model_free(zt_model *m);
+
+/* Initial values from the counter-based RNG keyed by (seed, tensor name,
+ * element index): independent of topology. */
+void zt_model_init_weights(zt_model *m, uint64_t seed);
+
+/* Runs one micro-batch: tokens/targets are host arrays [B*T]. Returns the
+ * sum of per-token losses. With backward, gradients of sum(loss) * dscale
+ * are accumulated into m->g. */
+double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
+                     int backward, float dscale);
+
+/* Training FLOPs per token (forward + backward), for MFU. */
+double zt_model_flops_per_token(const zt_model *m);
+
+/* Index of a parameter by name, or -1. */
+int zt_model_find(const zt_model *m, const char *name);
+
+#endif

@@ -1,0 +1,109 @@
+/* report: see report.h. */
+#include "src/train/report.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/core/timer.h"
+
+int zt_report_open(zt_report *r, int active, const char *metrics_path,
+                   int log_every, int64_t first_step, int64_t total_steps,
+                   double flops_per_token, double peak_gflops, zt_err *e) {
+  memset(r, 0, sizeof *r);
+  r->active = active;
+  r->log_every = log_every;
+  r->first_step = first_step;
+  r->total_steps = total_steps;
+  r->flops_per_token = flops_per_token;
+  r->peak_flops = peak_gflops * 1e9;
+  r->tty = isatty(STDERR_FILENO);
+  r->t_start = zt_timer_now();
+  if (active && metrics_path) {
+    r->metrics = fopen(metrics_path, "w");
+    if (!r->metrics)
+      return zt_err_set(e, ZT_EINPUT, "cannot write metrics file %s: %s",
+                        metrics_path, strerror(errno));
+  }
+  return ZT_OK;
+}
+
+static void write_json(zt_report *r, json_t *obj) {
+  if (r->metrics) {
+    json_dumpf(obj, r->metrics, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    fputc('\n', r->metrics);
+    fflush(r->metrics); /* a crash loses at most the line being written */
+  }
+  json_decref(obj);
+}
+
+static void fmt_eta(char *buf, size_t n, double s) {
+  long t = (long)(s + 0.5);
+  if (t >= 3600)
+    snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else
+    snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+void zt_report_step(zt_report *r, const zt_step_stats *st) {
+  if (!r->active) return;
+  r->tokens_done += (double)st->tokens;
+  double elapsed = zt_timer_now() - r->t_start;
+  double tok_s = r->tokens_done / elapsed;
+  double step_tok_s = (double)st->tokens / (st->ms * 1e-3);
+  double mfu = r->peak_flops > 0 ? 100.0 * step_tok_s * r->flops_per_token / r->peak_flops : 0;
+
+  write_json(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f}", "step", (json_int_t)st->step,
+                          "loss", st->loss, "lr", st->lr, "grad_norm", st->grad_norm,
+                          "tokens", (json_int_t)st->tokens, "ms", st->ms));
+  int64_t done = st->step - r->first_step, left = r->total_steps - st->step;
+  if (r->tty) {
+    char eta[32];
+    fmt_eta(eta, sizeof eta, done > 0 ? elapsed / (double)done * (double)left : 0);
+    fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %s",
+            (long long)st->step, (long long)r->total_steps, st->loss, tok_s, eta);
+    if (!left) fputc('\n', stderr);
+    fflush(stderr);
+  }
+  if (r->log_every > 0 && (st->step % r->log_every == 0 || !left)) {
+    if (r->tty) fprintf(stderr, "\r\033[K");
+    printf("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | %.1f ms | "
+           "%.0f tok/s | MFU %.1f%%\n",
+           (long long)st->step, (long long)r->total_steps, st->loss, st->lr,
+           st->grad_norm, st->ms, step_tok_s, mfu);
+    fflush(stdout);
+  }
+}
+
+void zt_report_eval(zt_report *r, int64_t step, double val_loss) {
+  if (!r->active) return;
+  write_json(r, json_pack("{s:I, s:f}", "step", (json_int_t)step, "val_loss", val_loss));
+  if (r->tty) fprintf(stderr, "\r\033[K");
+  printf("step %lld/%lld | val_loss %.4f\n", (long long)step,
+         (long long)r->total_steps, val_loss);
+  fflush(stdout);
+}
+
+void zt_report_close(zt_report *r) {
+  if (r->metrics) fclose(r->metrics);
+  r->metrics = NULL;
+}
+
+double zt_report_measure_peak_gflops(const zt_backend *be) {
+  const int n = 1024;
+  size_t bytes = (size_t)n * n * sizeof(float);
+  float *a = be->alloc(bytes), *b = be->alloc(bytes), *c = be->alloc(bytes);
+  double best = 0;
+  if (a && b && c)
+    for (int i = 0; i < 4; i++) {
+      double t0 = zt_timer_now();
+      be->gemm(0, 1, n, n, n, 1, a, n, b, n, 0, c, n);
+      double dt = zt_timer_now() - t0;
+      if (dt > 0 && 2.0 * n * n * n / dt > best) best = 2.0 * n * n * n / dt;
+    }
+  be->free(a);
+  be->free(b);
+  be->free(c);
+  return best / 1e9;
+}

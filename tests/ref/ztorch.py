@@ -1,0 +1,459 @@
+"""PyTorch reference for ztrain: model, checkpoint reader, data order, LR
+schedule and one optimizer step, all with ztrain's exact semantics.
+
+Everything here is fp32 and deliberately plain (no fused kernels, no
+autocast) so that it is easy to audit against the C implementation.
+Used by tests/ref/compare.py and tests/bench/torch_bench.py.
+"""
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional, Tuple
+
+import h5py
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CHECKPOINT_FORMAT = "ztrain-checkpoint"
+CHECKPOINT_VERSION = 1
+
+TOKEN_MAGIC = b"ZTRAINTK"
+TOKEN_HEADER = struct.Struct("<8sIIQII")  # magic, version, token_bytes, count, vocab, reserved
+assert TOKEN_HEADER.size == 32
+
+
+# --------------------------------------------------------------------------
+# Checkpoint
+
+
+@dataclass
+class Checkpoint:
+    plan: dict
+    step: int
+    model: Dict[str, np.ndarray]
+    # None when the file has no /optim group (e.g. a freshly initialised model).
+    exp_avg: Optional[Dict[str, np.ndarray]]
+    exp_avg_sq: Optional[Dict[str, np.ndarray]]
+
+
+def _attr_str(value) -> str:
+    # h5py returns variable-length strings as str, fixed-length ones as bytes.
+    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+def _read_group(group: h5py.Group) -> Dict[str, np.ndarray]:
+    # Names are flat ("blocks.0.attn.qkv.weight"), so a nested group means the
+    # writer does not follow the format: refuse rather than guess a flattening.
+    out = {}
+    for name, obj in group.items():
+        if not isinstance(obj, h5py.Dataset):
+            raise ValueError(f"{obj.name}: expected a dataset, found a group")
+        if obj.dtype != np.float32:
+            raise ValueError(f"{obj.name}: dtype {obj.dtype}, expected float32")
+        out[name] = obj[()]
+    return out
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    with h5py.File(path, "r") as f:
+        fmt = _attr_str(f.attrs.get("format", ""))
+        if fmt != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: format attribute is {fmt!r}, expected {CHECKPOINT_FORMAT!r}")
+        version = int(f.attrs.get("format_version", -1))
+        if version != CHECKPOINT_VERSION:
+            raise ValueError(f"{path}: format_version {version}, expected {CHECKPOINT_VERSION}")
+        if "plan" not in f.attrs or "step" not in f.attrs:
+            raise ValueError(f"{path}: missing 'plan' or 'step' attribute")
+        plan = json.loads(_attr_str(f.attrs["plan"]))
+        step = int(f.attrs["step"])
+        if "model" not in f:
+            raise ValueError(f"{path}: no /model group")
+        model = _read_group(f["model"])
+        exp_avg = exp_avg_sq = None
+        if "optim" in f:
+            exp_avg = _read_group(f["optim/exp_avg"])
+            exp_avg_sq = _read_group(f["optim/exp_avg_sq"])
+    return Checkpoint(plan, step, model, exp_avg, exp_avg_sq)
+
+
+# --------------------------------------------------------------------------
+# Model
+
+
+@dataclass
+class ModelConfig:
+    kind: str
+    vocab: int
+    seq: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn_dim: int
+    norm_eps: float
+    rope_theta: float
+    tied: bool
+
+    @staticmethod
+    def from_plan(m: dict) -> "ModelConfig":
+        kind = m["kind"]
+        if kind not in ("gpt", "llama"):
+            raise ValueError(f"unknown model kind {kind!r}")
+        cfg = ModelConfig(
+            kind=kind,
+            vocab=int(m["vocab"]),
+            seq=int(m["seq"]),
+            dim=int(m["dim"]),
+            layers=int(m["layers"]),
+            heads=int(m["heads"]),
+            kv_heads=int(m.get("kv_heads") or m["heads"]),
+            # The gpt MLP width is fixed at 4C by the format, whatever the plan says.
+            ffn_dim=4 * int(m["dim"]) if kind == "gpt" else int(m["ffn_dim"]),
+            norm_eps=float(m["norm_eps"]),
+            rope_theta=float(m.get("rope_theta") or 10000.0),
+            tied=bool(m.get("tied", False)),
+        )
+        if kind == "llama" and cfg.tied:
+            raise ValueError("llama's head is never tied")
+        if cfg.dim % cfg.heads or cfg.heads % cfg.kv_heads:
+            raise ValueError(f"dim {cfg.dim}, heads {cfg.heads}, kv_heads {cfg.kv_heads} do not divide")
+        if kind == "gpt" and cfg.kv_heads != cfg.heads:
+            raise ValueError("gpt has no grouped-query attention: kv_heads must equal heads")
+        if kind == "llama" and (cfg.dim // cfg.heads) % 2:
+            raise ValueError("rotary embedding needs an even head dim")
+        return cfg
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def causal_attention(q, k, v):
+    """q, k, v: [B, H, T, hd] -> [B, H, T, hd]."""
+    T, hd = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def rotary_tables(seq: int, head_dim: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    # Angles are computed in float64 and rounded once: pos * freq reaches
+    # hundreds of radians, where an fp32 angle alone would be off by ~1e-5.
+    half = head_dim // 2
+    freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / head_dim)
+    angle = torch.arange(seq, dtype=torch.float64)[:, None] * freq[None, :]
+    cos = torch.cat([angle.cos(), angle.cos()], -1).float()
+    sin = torch.cat([angle.sin(), angle.sin()], -1).float()
+    return cos, sin  # [T, head_dim]
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate-half rotary embedding; x: [B, heads, T, hd]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    T = x.shape[-2]
+    return x * cos[:T] + rotated * sin[:T]
+
+
+class GPTAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.out = nn.Linear(cfg.dim, cfg.dim)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hd = C // self.heads
+        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in self.qkv(x).split(C, -1))
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        return self.out(y)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads, self.kv_heads = cfg.heads, cfg.kv_heads
+        hd = cfg.dim // cfg.heads
+        self.q = nn.Linear(cfg.dim, cfg.heads * hd, bias=False)
+        self.k = nn.Linear(cfg.dim, cfg.kv_heads * hd, bias=False)
+        self.v = nn.Linear(cfg.dim, cfg.kv_heads * hd, bias=False)
+        self.out = nn.Linear(cfg.heads * hd, cfg.dim, bias=False)
+        cos, sin = rotary_tables(cfg.seq, hd, cfg.rope_theta)
+        # Buffers, not parameters: they must not show up in the checkpoint name list.
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hd = C // self.heads
+        q = self.q(x).view(B, T, self.heads, hd).transpose(1, 2)
+        k = self.k(x).view(B, T, self.kv_heads, hd).transpose(1, 2)
+        v = self.v(x).view(B, T, self.kv_heads, hd).transpose(1, 2)
+        q, k = apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+        # repeat_interleave maps query head h to kv head h // (H / KVH).
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        return self.out(y)
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.dim, cfg.ffn_dim)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.up = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.kind == "gpt":
+        return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+    return RMSNorm(cfg.dim, cfg.norm_eps)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        gpt = cfg.kind == "gpt"
+        self.norm1 = make_norm(cfg)
+        self.attn = GPTAttention(cfg) if gpt else LlamaAttention(cfg)
+        self.norm2 = make_norm(cfg)
+        self.mlp = GeluMLP(cfg) if gpt else SwiGLU(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = nn.Parameter(torch.empty(cfg.vocab, cfg.dim))
+        self.positions = nn.Parameter(torch.empty(cfg.seq, cfg.dim)) if cfg.kind == "gpt" else None
+
+    def forward(self, idx):
+        x = F.embedding(idx, self.tokens)
+        if self.positions is not None:
+            x = x + self.positions[: idx.shape[1]]
+        return x
+
+
+class Transformer(nn.Module):
+    """Module attribute names are chosen so that named_parameters() yields
+    exactly the ztrain checkpoint names."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.final_norm = make_norm(cfg)
+        self.head = None if cfg.tied else nn.Linear(cfg.dim, cfg.vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        x = self.final_norm(x)
+        return self.head(x) if self.head is not None else x @ self.embed.tokens.t()
+
+
+def build_model(model_plan: dict) -> Transformer:
+    return Transformer(ModelConfig.from_plan(model_plan))
+
+
+def init_weights(model: nn.Module, std: float = 0.02, seed: int = 0) -> None:
+    """Random init for benchmarks and self-tests: matrices ~ N(0, std),
+    norm scales 1, biases 0."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+            else:
+                p.zero_()
+        for m in model.modules():
+            if isinstance(m, (nn.LayerNorm, RMSNorm)):
+                m.weight.fill_(1.0)
+
+
+def name_mismatches(model: nn.Module, tensors: Dict[str, np.ndarray]) -> list:
+    """Every way in which a checkpoint tensor set differs from the model's
+    parameters (missing, unexpected, wrong shape); empty if they agree."""
+    params = dict(model.named_parameters())
+    problems = [f"missing from checkpoint: {n}" for n in params if n not in tensors]
+    problems += [f"not a model parameter: {n}" for n in tensors if n not in params]
+    problems += [
+        f"shape of {n}: checkpoint {list(tensors[n].shape)}, model {list(p.shape)}"
+        for n, p in params.items()
+        if n in tensors and tuple(tensors[n].shape) != tuple(p.shape)
+    ]
+    return problems
+
+
+def load_weights(model: nn.Module, tensors: Dict[str, np.ndarray]) -> None:
+    problems = name_mismatches(model, tensors)
+    if problems:
+        raise ValueError("checkpoint does not match the model:\n  " + "\n  ".join(problems))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(tensors[name]))
+
+
+# --------------------------------------------------------------------------
+# Data
+
+
+class TokenData:
+    """A ztrain token file, read in ztrain's unshuffled sample order."""
+
+    def __init__(self, path: str, dtype: str, seq: int):
+        with open(path, "rb") as f:
+            head = f.read(TOKEN_HEADER.size)
+        if head[:8] == TOKEN_MAGIC:
+            if len(head) < TOKEN_HEADER.size:
+                raise ValueError(f"{path}: truncated header")
+            _, version, token_bytes, count, _vocab, _ = TOKEN_HEADER.unpack(head)
+            if version != 1:
+                raise ValueError(f"{path}: token file version {version}, expected 1")
+            offset = TOKEN_HEADER.size
+        else:
+            token_bytes = {"u16": 2, "u32": 4}[dtype]
+            offset, count = 0, None
+        np_dtype = {2: "<u2", 4: "<u4"}.get(token_bytes)
+        if np_dtype is None:
+            raise ValueError(f"{path}: token_bytes {token_bytes}, expected 2 or 4")
+        tokens = np.memmap(path, dtype=np_dtype, mode="r", offset=offset)
+        if count is not None:
+            if count > tokens.shape[0]:
+                raise ValueError(f"{path}: header says {count} tokens, file holds {tokens.shape[0]}")
+            tokens = tokens[:count]
+        self.tokens = tokens
+        self.seq = seq
+        self.samples = (tokens.shape[0] - 1) // seq
+        if self.samples < 1:
+            raise ValueError(f"{path}: {tokens.shape[0]} tokens is less than one sample of {seq}")
+
+    def sample(self, i: int) -> np.ndarray:
+        """Sample i as seq+1 tokens: inputs are [:-1], targets [1:]."""
+        start = i * self.seq
+        return np.asarray(self.tokens[start : start + self.seq + 1], dtype=np.int64)
+
+    def micro_batches(self, step: int, global_batch: int, micro_batch: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Global batch `step`, as consecutive micro-batches of inputs, targets [B, T]."""
+        ids = [(step * global_batch + j) % self.samples for j in range(global_batch)]
+        for a in range(0, global_batch, micro_batch):
+            rows = torch.from_numpy(np.stack([self.sample(i) for i in ids[a : a + micro_batch]]))
+            yield rows[:, :-1], rows[:, 1:]
+
+
+# --------------------------------------------------------------------------
+# Training
+
+
+def lr_at(lr_plan: dict, step: int) -> float:
+    """Learning rate of optimizer step `step` (0-based)."""
+    if lr_plan["kind"] == "constant":
+        return float(lr_plan["value"])
+    if lr_plan["kind"] != "cosine":
+        raise ValueError(f"unknown lr schedule {lr_plan['kind']!r}")
+    peak, final = float(lr_plan["peak"]), float(lr_plan["final"])
+    warmup, decay = int(lr_plan["warmup"]), int(lr_plan["decay_steps"])
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, decay - warmup))
+    return final + 0.5 * (peak - final) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, train_plan: dict) -> torch.optim.AdamW:
+    # Weight decay only for matrices (and embeddings); norms and biases are exempt.
+    params = list(model.parameters())
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    b1, b2 = train_plan["betas"]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": float(train_plan["weight_decay"])},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=0.0,  # set per step from the schedule
+        betas=(float(b1), float(b2)),
+        eps=float(train_plan["eps"]),
+    )
+
+
+def load_optimizer_state(opt: torch.optim.AdamW, model: nn.Module, ckpt: Checkpoint) -> None:
+    """Resume AdamW moments from a checkpoint taken after ckpt.step steps."""
+    if ckpt.exp_avg is None or ckpt.exp_avg_sq is None:
+        raise ValueError(f"checkpoint at step {ckpt.step} has no /optim state to resume from")
+    for group_name, tensors in (("exp_avg", ckpt.exp_avg), ("exp_avg_sq", ckpt.exp_avg_sq)):
+        problems = name_mismatches(model, tensors)
+        if problems:
+            raise ValueError(f"/optim/{group_name} does not match the model:\n  " + "\n  ".join(problems))
+    for name, p in model.named_parameters():
+        opt.state[p] = {
+            "step": torch.tensor(float(ckpt.step)),
+            "exp_avg": torch.from_numpy(ckpt.exp_avg[name].copy()),
+            "exp_avg_sq": torch.from_numpy(ckpt.exp_avg_sq[name].copy()),
+        }
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    lr: float
+
+
+def train_step(model: Transformer, opt: torch.optim.AdamW, data: TokenData, train_plan: dict, step: int) -> StepResult:
+    """Optimizer step `step` (0-based) exactly as ztrain does it."""
+    G, B = int(train_plan["global_batch"]), int(train_plan["micro_batch"])
+    if G % B:
+        raise ValueError(f"global_batch {G} is not a multiple of micro_batch {B}")
+    # Normalising every micro-batch by the global token count makes the
+    # accumulated gradient that of the mean loss over the whole global batch.
+    norm = 1.0 / (G * data.seq)
+    loss_total = 0.0
+    for inputs, targets in data.micro_batches(step, G, B):
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum") * norm
+        loss.backward()
+        loss_total += loss.item()
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    clip = float(train_plan.get("clip") or 0.0)
+    # clip_grad_norm_ defines the reported norm; with max_norm = inf its
+    # scale factor clamps to exactly 1.0, i.e. no clipping.
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf).item()
+
+    lr = lr_at(train_plan["lr"], step)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return StepResult(loss_total, grad_norm, lr)
