@@ -50,8 +50,8 @@ end
 local function integer(min)
   return function(v)
     if math.type(v) == "float" and v == math.floor(v) then v = math.tointeger(v) end
-    if math.type(v) ~= "integer" then return nil, "an integer" end
-    if min and v < min then return nil, "an integer >= " .. min end
+    local what = min and ("an integer >= " .. min) or "an integer"
+    if math.type(v) ~= "integer" or (min and v < min) then return nil, what end
     return v
   end
 end
@@ -101,10 +101,11 @@ local function check(t, spec, where, level)
   local out = {}
   for k, s in pairs(spec) do
     local v = t[k]
-    if v == nil then
-      if s.required then error(string.format("%s: missing required key '%s'", where, k), level) end
-      out[k] = s.default
-    else
+    if v == nil and s.required then
+      error(string.format("%s: missing required key '%s'", where, k), level)
+    end
+    if v == nil then v = s.default end -- defaults go through the checker too
+    if v ~= nil then
       local ok, expected = s[1](v)
       if ok == nil then
         error(string.format("%s.%s must be %s, got %s", where, k, expected, describe(v)), level)

@@ -22,9 +22,9 @@ static uint32_t token_at(const zt_tokens *t, int64_t i) {
   return t->width == 2 ? (uint32_t)(p[0] | p[1] << 8) : rd32(p);
 }
 
-int zt_tokens_open(zt_tokens *t, const char *path, int token_bytes, int seq,
-                   int vocab, zt_err *e) {
-  memset(t, 0, sizeof *t);
+/* zt_tokens_open without cleanup: on error, t may hold a mapping. */
+static int open_tokens(zt_tokens *t, const char *path, int token_bytes, int seq,
+                       int vocab, zt_err *e) {
   t->seq = seq;
   int fd = open(path, O_RDONLY);
   if (fd < 0)
@@ -93,6 +93,14 @@ int zt_tokens_open(zt_tokens *t, const char *path, int token_bytes, int seq,
                         (long long)((t->data - b) + i * t->width), vocab);
   }
   return ZT_OK;
+}
+
+int zt_tokens_open(zt_tokens *t, const char *path, int token_bytes, int seq,
+                   int vocab, zt_err *e) {
+  memset(t, 0, sizeof *t);
+  int rc = open_tokens(t, path, token_bytes, seq, vocab, e);
+  if (rc) zt_tokens_close(t); /* a failed open holds nothing */
+  return rc;
 }
 
 void zt_tokens_close(zt_tokens *t) {

@@ -40,7 +40,8 @@ typedef struct zt_tokens {
 } zt_tokens;
 
 /* Maps a token file, checks its header, that it holds at least one sample
- * of seq+1 tokens and that every token is < vocab. */
+ * of seq+1 tokens and that every token is < vocab. On failure t holds
+ * nothing (closing it is harmless). */
 int zt_tokens_open(zt_tokens *t, const char *path, int token_bytes, int seq,
                    int vocab, zt_err *e);
 void zt_tokens_close(zt_tokens *t);

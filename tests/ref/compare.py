@@ -66,6 +66,23 @@ def check_names(model, tensors, what: str) -> None:
         raise Failure(f"{what} does not match the torch model:\n  " + "\n  ".join(problems))
 
 
+def weight_distance(name: str, value, ref, dim: int) -> float:
+    """Relative L2 distance ‖value − ref‖ / ‖ref‖ of one logical tensor.
+
+    The key bias of gpt's attn.qkv.bias (rows dim..2*dim) has an identically
+    zero gradient (it shifts every score of a query by the same amount, which
+    softmax ignores), so its value is rounding noise that Adam normalises up
+    to ~lr-sized steps: it cannot match and does not affect the model. Only
+    the q and v rows of that tensor are compared.
+    """
+    value, ref = np.asarray(value, np.float64), np.asarray(ref, np.float64)
+    if name.endswith("attn.qkv.bias"):
+        keep = np.r_[0:dim, 2 * dim : 3 * dim]
+        value, ref = value[keep], ref[keep]
+    num, den = np.linalg.norm(value - ref), np.linalg.norm(ref)
+    return num / den if den else (0.0 if num == 0 else math.inf)
+
+
 def fmt(x: float) -> str:
     return f"{x:.3e}" if math.isfinite(x) else str(x)
 
@@ -119,22 +136,8 @@ def run(args) -> bool:
             ok = False
 
     params = dict(model.named_parameters())
-    C = model.cfg.dim
-    diffs = []
-    for name, value in final.model.items():
-        ref = params[name].detach().numpy().astype(np.float64)
-        value = value.astype(np.float64)
-        if name.endswith("attn.qkv.bias"):
-            # The key bias has an identically zero gradient (it shifts every
-            # score of a query by the same amount, which softmax ignores), so
-            # its value is rounding noise that Adam normalises up to ~lr-sized
-            # steps: it cannot match and does not affect the model. Compare
-            # the q and v rows only.
-            keep = np.r_[0:C, 2 * C : 3 * C]
-            value, ref = value[keep], ref[keep]
-        num = np.linalg.norm(value - ref)
-        den = np.linalg.norm(ref)
-        diffs.append((num / den if den else (0.0 if num == 0 else math.inf), name))
+    diffs = [(weight_distance(name, value, params[name].detach().numpy(), model.cfg.dim), name)
+             for name, value in final.model.items()]
     # Worst first, NaN counting as worst of all.
     diffs.sort(key=lambda d: (math.isnan(d[0]), 0.0 if math.isnan(d[0]) else d[0]), reverse=True)
     note = "; k rows of attn.qkv.bias excluded" if model.cfg.kind == "gpt" else ""

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ztrain needs that are missing (build, run and,
+# unless --no-test, the test suite's PyTorch/h5py references). Idempotent:
+# installs nothing when everything is there. Needs root or sudo.
+set -eu
+build=(build-essential cmake ninja-build pkg-config
+       openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
+       liblua5.4-dev libopenblas-openmp-dev libjansson-dev libxxhash-dev)
+test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch)
+want=("${build[@]}")
+[ "${1:-}" = "--no-test" ] || want+=("${test[@]}")
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && { echo "install-deps: all ${#want[@]} packages present"; exit 0; }
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends "${missing[@]}"
