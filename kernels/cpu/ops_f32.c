@@ -3,4 +3,6 @@
 #define REAL float
 #define FN(name) zt_cpu_f32_##name
 #define GEMM cblas_sgemm
+#define EXP zt_expf
+#define TANH zt_tanhf
 #include "kernels/cpu/ops_impl.h"

@@ -3,4 +3,6 @@
 #define REAL double
 #define FN(name) zt_cpu_f64_##name
 #define GEMM cblas_dgemm
+#define EXP exp
+#define TANH tanh
 #include "kernels/cpu/ops_impl.h"

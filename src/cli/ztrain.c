@@ -202,13 +202,15 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   rc = agree(world, rc, e);
   if (!rc && rank0) {
     printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
-           "batch %d = micro %d x accum %d x dp %d | %d threads/rank | steps %lld..%lld\n",
+           "batch %d = micro %d x accum %d x dp %d | %d threads/rank | steps %lld..%lld\n"
+           "MFU against %.0f GFLOP/s per rank (%s)\n",
            ZT_VERSION, plan.model.arch == ZT_ARCH_GPT ? "gpt" : "llama",
            plan.model.layers, plan.model.dim, plan.model.heads, plan.model.kv_heads,
            plan.model.vocab, plan.model.seq, (double)model.numel / 1e6,
            plan.train.global_batch, plan.train.micro_batch, plan.train.accum,
            plan.parallel.dp, omp_get_max_threads(), (long long)optim.t,
-           (long long)plan.train.steps);
+           (long long)plan.train.steps, rep.peak_flops / 1e9,
+           plan.train.peak_gflops > 0 ? "train.peak_gflops" : "measured SGEMM");
     fflush(stdout);
   }
   while (!rc && optim.t < plan.train.steps) {

@@ -126,6 +126,8 @@ void zt_model_init_weights(zt_model *m, uint64_t seed) {
   for (int i = 0; i < m->n_params; i++) {
     const zt_param *p = &m->params[i];
     uint64_t key = zt_rng_key(seed, p->t.name);
+    /* each element depends only on its index: any thread order is the same */
+#pragma omp parallel for
     for (int64_t j = 0; j < p->t.numel; j++)
       host[j] = p->init == ZT_INIT_ONES    ? 1.0f
                 : p->init == ZT_INIT_ZEROS ? 0.0f
