@@ -1,5 +1,5 @@
 -- The demo: a small GPT-2-style model learns the generated demo corpus
--- (examples/make_demo_data.py data) in about a minute on two cores.
+-- (examples/make_demo_data.py data) in about 20 seconds on two cores.
 --   build/ztrain examples/demo.lua
 local zt = require "ztrain"
 

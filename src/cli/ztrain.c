@@ -4,6 +4,7 @@
  * rank exits with the same code: 0 success, 1 runtime failure, 2 bad input. */
 #include <errno.h>
 #include <getopt.h>
+#include <libgen.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
@@ -166,6 +167,19 @@ static int periodic_save(const zt_plan *p, const zt_model *m, const zt_optim *o,
   return rc;
 }
 
+/* A --save into a folder that cannot be written would fail only after
+ * the whole run: find out before training. */
+static int check_save_path(const char *path, zt_err *e) {
+  char *copy = strdup(path);
+  const char *dir = dirname(copy);
+  int rc = access(dir, W_OK)
+               ? zt_err_set(e, ZT_EINPUT, "--save %s: cannot write to folder %s: %s",
+                            path, dir, strerror(errno))
+               : ZT_OK;
+  free(copy);
+  return rc;
+}
+
 static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
@@ -177,6 +191,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rank0 = world->rank == 0;
 
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
+  if (!rc && a->save) rc = check_save_path(a->save, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
                                plan.model.seq, plan.model.vocab, e);
   if (!rc && plan.data.val)

@@ -95,6 +95,7 @@ base "" > small.lua
 expect 2 "tensor embed.positions has shape [16, 32], the model expects [32, 32]" 1 \
   "$(base "model = zt.gpt{vocab = 256, seq = 32, dim = 32, layers = 1, heads = 2}")" --load other.h5
 expect 2 "is not an HDF5 file" 1 "$(base "")" --load ok.bin
+expect 2 "--save nowhere/x.h5: cannot write to folder nowhere" 1 "$(base "")" --save nowhere/x.h5
 
 if [ -n "$MPIRUN" ]; then
   run_cases 2
