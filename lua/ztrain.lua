@@ -254,8 +254,12 @@ function M._plan(script)
   for k, v in pairs(_G) do
     if type(k) == "string" and type(v) == "table" and package.loaded[k] == nil
         and not specs[k] and k ~= "model" then
+      -- a typo of a table the script then lacks; a helper table whose name
+      -- happens to be close to one it has is fine
       local near = nearest(k, globals)
-      if near then fail(string.format("unknown global table '%s' (did you mean '%s'?)", k, near)) end
+      if near and _G[near] == nil then
+        fail(string.format("unknown global table '%s' (did you mean '%s'?)", k, near))
+      end
     end
   end
   if _G.model == nil then

@@ -19,29 +19,22 @@ static void count(zt_comm *c, zt_comm_op op, size_t bytes) {
 /* MPI counts are int: large buffers go in slices. */
 #define ZT_MPI_SLICE ((size_t)1 << 30)
 
-void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n) {
-  count(c, ZT_OP_ALLREDUCE, n * sizeof *x);
+static void allreduce_sum(zt_comm *c, void *x, size_t n, MPI_Datatype type,
+                          size_t size) {
+  count(c, ZT_OP_ALLREDUCE, n * size);
   if (c->size == 1) return;
   for (size_t o = 0; o < n; o += ZT_MPI_SLICE) {
     size_t k = n - o < ZT_MPI_SLICE ? n - o : ZT_MPI_SLICE;
-    MPI_Allreduce(MPI_IN_PLACE, x + o, (int)k, MPI_FLOAT, MPI_SUM, c->mpi);
+    MPI_Allreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, MPI_SUM, c->mpi);
   }
+}
+
+void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n) {
+  allreduce_sum(c, x, n, MPI_FLOAT, sizeof *x);
 }
 
 void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n) {
-  count(c, ZT_OP_ALLREDUCE, n * sizeof *x);
-  if (c->size == 1) return;
-  for (size_t o = 0; o < n; o += ZT_MPI_SLICE) {
-    size_t k = n - o < ZT_MPI_SLICE ? n - o : ZT_MPI_SLICE;
-    MPI_Allreduce(MPI_IN_PLACE, x + o, (int)k, MPI_DOUBLE, MPI_SUM, c->mpi);
-  }
-}
-
-int zt_comm_any(zt_comm *c, int flag) {
-  int v = flag != 0;
-  count(c, ZT_OP_ALLREDUCE, sizeof v);
-  if (c->size > 1) MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_LOR, c->mpi);
-  return v;
+  allreduce_sum(c, x, n, MPI_DOUBLE, sizeof *x);
 }
 
 void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root) {
@@ -51,9 +44,4 @@ void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root) {
     size_t k = bytes - o < ZT_MPI_SLICE ? bytes - o : ZT_MPI_SLICE;
     MPI_Bcast((char *)buf + o, (int)k, MPI_BYTE, root, c->mpi);
   }
-}
-
-void zt_comm_barrier(zt_comm *c) {
-  count(c, ZT_OP_BARRIER, 0);
-  if (c->size > 1) MPI_Barrier(c->mpi);
 }

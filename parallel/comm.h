@@ -13,7 +13,6 @@
 typedef enum {
   ZT_OP_ALLREDUCE = 0,
   ZT_OP_BCAST,
-  ZT_OP_BARRIER,
   ZT_OP_COUNT
 } zt_comm_op;
 
@@ -31,9 +30,6 @@ void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi);
 /* In-place sum over the group. */
 void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n);
 void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n);
-/* Logical OR of a flag: every rank learns whether any rank failed. */
-int zt_comm_any(zt_comm *c, int flag);
 void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root);
-void zt_comm_barrier(zt_comm *c);
 
 #endif

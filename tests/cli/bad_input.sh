@@ -72,7 +72,8 @@ model = zt.gtp{vocab = 256}"
     "local zt = require 'ztrain'
 model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
   expect 2 "train.steps must be an integer >= 0, got \"ten\"" "$np" "$(base "train.steps = 'ten'")"
-  expect 2 "unknown global table 'trian' (did you mean 'train'?)" "$np" "$(base "trian = {}")"
+  expect 2 "unknown global table 'trian' (did you mean 'train'?)" "$np" \
+    "$(base "trian = train; train = nil")"
   expect 2 "dim 30 is not divisible by heads 4" "$np" \
     "$(base "model = zt.gpt{vocab = 256, seq = 16, dim = 30, layers = 1, heads = 4}")"
   expect 2 "heads 6 is not divisible by kv_heads 4" "$np" \
