@@ -98,6 +98,10 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
   }
   cv = (carver){.base = (char *)m->arena};
   carve_acts(m, &cv);
+  for (int u = 0; u < m->n_units; u++) {
+    m->unit_w[u] = m->w + m->unit_start[u];
+    m->unit_g[u] = m->g + m->unit_start[u];
+  }
   if (cfg->arch == ZT_ARCH_LLAMA) upload_rope(m);
   return ZT_OK;
 }
@@ -109,26 +113,48 @@ void zt_model_free(zt_model *m) {
     m->be->free(m->arena);
   }
   free(m->params);
+  free(m->param_unit);
   free(m->blocks);
+  free(m->unit_start);
+  free(m->unit_numel);
+  free(m->unit_w);
+  free(m->unit_g);
   free(m->res);
   free(m->acts);
   free(m->host_losses);
   memset(m, 0, sizeof *m);
 }
 
-/* Pointer to parameter i in buffer base (w or g); NULL when i is absent. */
-static float *P(const zt_model *m, float *base, int i) {
-  return i < 0 ? NULL : base + m->params[i].t.offset;
+/* Weights and gradient of parameter i (NULL when absent), wherever its
+ * unit currently lives. */
+static float *W(const zt_model *m, int i) {
+  if (i < 0) return NULL;
+  int u = m->param_unit[i];
+  return m->unit_w[u] + (m->params[i].t.offset - m->unit_start[u]);
+}
+
+static float *G(const zt_model *m, int i) {
+  if (i < 0) return NULL;
+  int u = m->param_unit[i];
+  return m->unit_g[u] + (m->params[i].t.offset - m->unit_start[u]);
+}
+
+static void before(zt_model *m, int unit, zt_phase ph) {
+  if (m->hooks.before) m->hooks.before(m->hooks.ctx, m, unit, ph);
+}
+
+static void after(zt_model *m, int unit, zt_phase ph) {
+  if (m->hooks.after) m->hooks.after(m->hooks.ctx, m, unit, ph);
 }
 
 static void norm_fwd(const zt_model *m, float *out, float *mean, float *rstd,
                      const float *x, int wi, int bi) {
   int N = m->B * m->cfg.seq, C = m->cfg.dim;
   if (m->cfg.arch == ZT_ARCH_GPT)
-    m->be->layernorm_fwd(out, mean, rstd, x, P(m, m->w, wi), P(m, m->w, bi), N,
+    m->be->layernorm_fwd(out, mean, rstd, x, W(m, wi), W(m, bi), N,
                          C, m->cfg.norm_eps);
   else
-    m->be->rmsnorm_fwd(out, rstd, x, P(m, m->w, wi), N, C, m->cfg.norm_eps);
+    m->be->rmsnorm_fwd(out, rstd, x, W(m, wi), N, C, m->cfg.norm_eps);
 }
 
 static void norm_bwd(const zt_model *m, float *dx, const float *dout,
@@ -136,27 +162,27 @@ static void norm_bwd(const zt_model *m, float *dx, const float *dout,
                      int wi, int bi) {
   int N = m->B * m->cfg.seq, C = m->cfg.dim;
   if (m->cfg.arch == ZT_ARCH_GPT)
-    m->be->layernorm_bwd(dx, P(m, m->g, wi), P(m, m->g, bi), dout, x,
-                         P(m, m->w, wi), mean, rstd, N, C);
+    m->be->layernorm_bwd(dx, G(m, wi), G(m, bi), dout, x,
+                         W(m, wi), mean, rstd, N, C);
   else
-    m->be->rmsnorm_bwd(dx, P(m, m->g, wi), dout, x, P(m, m->w, wi), rstd, N, C);
+    m->be->rmsnorm_bwd(dx, G(m, wi), dout, x, W(m, wi), rstd, N, C);
 }
 
 /* y[N,out] (= or +=) x[N,in] W^T + b */
 static void linear_fwd(const zt_model *m, float *y, const float *x, int wi,
                        int bi, int out, int in, float beta) {
   int N = m->B * m->cfg.seq;
-  m->be->gemm(0, 1, N, out, in, 1, x, in, P(m, m->w, wi), in, beta, y, out);
-  if (bi >= 0) m->be->bias_fwd(y, P(m, m->w, bi), N, out);
+  m->be->gemm(0, 1, N, out, in, 1, x, in, W(m, wi), in, beta, y, out);
+  if (bi >= 0) m->be->bias_fwd(y, W(m, bi), N, out);
 }
 
 /* dW += dy^T x; db += colsum(dy); dx = dy W (dx may be NULL) */
 static void linear_bwd(const zt_model *m, float *dx, const float *dy,
                        const float *x, int wi, int bi, int out, int in) {
   int N = m->B * m->cfg.seq;
-  m->be->gemm(1, 0, out, in, N, 1, dy, out, x, in, 1, P(m, m->g, wi), in);
-  if (bi >= 0) m->be->bias_bwd(P(m, m->g, bi), dy, N, out);
-  if (dx) m->be->gemm(0, 0, N, in, out, 1, dy, out, P(m, m->w, wi), in, 0, dx, in);
+  m->be->gemm(1, 0, out, in, N, 1, dy, out, x, in, 1, G(m, wi), in);
+  if (bi >= 0) m->be->bias_bwd(G(m, bi), dy, N, out);
+  if (dx) m->be->gemm(0, 0, N, in, out, 1, dy, out, W(m, wi), in, 0, dx, in);
 }
 
 static void block_fwd(zt_model *m, int l) {
@@ -219,14 +245,26 @@ double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
   const zt_backend *be = m->be;
   int N = m->B * c->seq, C = c->dim, V = c->vocab;
 
+  /* unit of the head weight: the final unit, or unit 0 when tied */
+  int L = c->layers, fin = L + 1, hu = m->param_unit[m->head];
   be->upload(m->tokens, tokens, (size_t)N * sizeof *tokens);
   be->upload(m->targets, targets, (size_t)N * sizeof *targets);
-  be->embed_fwd(m->res[0], m->tokens, P(m, m->w, m->embed_tok),
-                P(m, m->w, m->embed_pos), m->B, c->seq, C);
-  for (int l = 0; l < c->layers; l++) block_fwd(m, l);
-  norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->res[c->layers], m->final_w, m->final_b);
+  before(m, 0, ZT_PHASE_FWD);
+  be->embed_fwd(m->res[0], m->tokens, W(m, m->embed_tok),
+                W(m, m->embed_pos), m->B, c->seq, C);
+  after(m, 0, ZT_PHASE_FWD);
+  for (int l = 0; l < L; l++) {
+    before(m, l + 1, ZT_PHASE_FWD);
+    block_fwd(m, l);
+    after(m, l + 1, ZT_PHASE_FWD);
+  }
+  before(m, fin, ZT_PHASE_FWD);
+  if (hu != fin) before(m, hu, ZT_PHASE_FWD);
+  norm_fwd(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->res[L], m->final_w, m->final_b);
   linear_fwd(m, m->logits, m->lnf, m->head, -1, V, C, 0);
   be->xent_fwd_bwd(m->logits, m->losses, m->targets, N, V, backward ? dscale : 0);
+  after(m, fin, ZT_PHASE_FWD);
+  if (hu != fin) after(m, hu, ZT_PHASE_FWD);
 
   be->download(m->host_losses, m->losses, (size_t)N * sizeof(float));
   double sum = 0;
@@ -234,12 +272,22 @@ double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
   if (!backward) return sum;
 
   /* logits now hold dlogits */
+  before(m, fin, ZT_PHASE_BWD);
+  if (hu != fin) before(m, hu, ZT_PHASE_BWD);
   linear_bwd(m, m->dln, m->logits, m->lnf, m->head, -1, V, C);
   be->zero(m->dres, (size_t)N * C);
-  norm_bwd(m, m->dres, m->dln, m->res[c->layers], m->lnf_mean, m->lnf_rstd,
+  norm_bwd(m, m->dres, m->dln, m->res[L], m->lnf_mean, m->lnf_rstd,
            m->final_w, m->final_b);
-  for (int l = c->layers - 1; l >= 0; l--) block_bwd(m, l);
-  be->embed_bwd(P(m, m->g, m->embed_tok), P(m, m->g, m->embed_pos), m->tokens,
+  after(m, fin, ZT_PHASE_BWD);
+  if (hu != fin) after(m, hu, ZT_PHASE_BWD);
+  for (int l = L - 1; l >= 0; l--) {
+    before(m, l + 1, ZT_PHASE_BWD);
+    block_bwd(m, l);
+    after(m, l + 1, ZT_PHASE_BWD);
+  }
+  before(m, 0, ZT_PHASE_BWD);
+  be->embed_bwd(G(m, m->embed_tok), G(m, m->embed_pos), m->tokens,
                 m->dres, m->B, c->seq, C);
+  after(m, 0, ZT_PHASE_BWD);
   return sum;
 }

@@ -46,6 +46,24 @@ typedef struct zt_block_acts {
   float *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
 } zt_block_acts;
 
+struct zt_model;
+
+/* Units are the pieces a sharded optimizer (ZeRO) gathers and reduces as a
+ * whole: unit 0 is the embedding, units 1..L the blocks, unit L+1 the final
+ * norm and (untied) head. Each unit is a contiguous run of the flat
+ * parameter buffer. The model calls `before` when it starts using a unit's
+ * weights in forward or backward and `after` when it is done, so an owner
+ * can gather weights just in time (unit_w) and reduce a unit's gradients as
+ * soon as they are final (unit_g). A tied head uses unit 0 in the final
+ * unit's phases; `before`/`after` are then called for unit 0 there too. */
+typedef enum { ZT_PHASE_FWD = 0, ZT_PHASE_BWD = 1 } zt_phase;
+
+typedef struct zt_model_hooks {
+  void *ctx;
+  void (*before)(void *ctx, struct zt_model *m, int unit, zt_phase phase);
+  void (*after)(void *ctx, struct zt_model *m, int unit, zt_phase phase);
+} zt_model_hooks;
+
 typedef struct zt_model {
   zt_model_cfg cfg;
   const zt_backend *be;
@@ -59,6 +77,14 @@ typedef struct zt_model {
   float *w, *g;    /* device: parameters, gradients (same layout) */
   int embed_tok, embed_pos, final_w, final_b, head; /* indices, -1 if absent */
   zt_block_params *blocks;
+
+  int n_units;
+  int *param_unit;          /* unit of each parameter */
+  int64_t *unit_start;      /* first element of each unit in the flat buffer */
+  int64_t *unit_numel;
+  float **unit_w, **unit_g; /* where each unit's weights / grads are now;
+                               by default inside w and g */
+  zt_model_hooks hooks;     /* optional; NULL functions = no calls */
 
   /* device activations and scratch */
   float *arena;

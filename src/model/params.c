@@ -59,8 +59,16 @@ static int add(zt_model *m, zt_init_kind init, float std, int ndim, int64_t d0,
   p->t.numel = zt_tensor_numel(&p->t);
   p->init = init;
   p->std = std;
+  m->param_unit[m->n_params] = m->n_units - 1;
+  m->unit_numel[m->n_units - 1] += p->t.numel;
   m->numel += p->t.numel;
   return m->n_params++;
+}
+
+/* Parameters added after this belong to a new unit. */
+static void start_unit(zt_model *m) {
+  m->unit_start[m->n_units] = m->numel;
+  m->n_units++;
 }
 
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, zt_err *e) {
@@ -74,19 +82,28 @@ int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, zt_err *e) {
   m->qkv_rows = (c->heads + 2 * c->kv_heads) * m->hd;
   m->hidden = c->ffn_dim;
   m->fc_rows = gpt ? c->ffn_dim : 2 * c->ffn_dim;
-  m->params = calloc((size_t)(16 * L + 8), sizeof *m->params);
+  size_t max_params = (size_t)(16 * L + 8), units = (size_t)L + 2;
+  m->params = calloc(max_params, sizeof *m->params);
+  m->param_unit = calloc(max_params, sizeof *m->param_unit);
   m->blocks = calloc((size_t)L, sizeof *m->blocks);
-  if (!m->params || !m->blocks)
+  m->unit_start = calloc(units, sizeof *m->unit_start);
+  m->unit_numel = calloc(units, sizeof *m->unit_numel);
+  m->unit_w = calloc(units, sizeof *m->unit_w);
+  m->unit_g = calloc(units, sizeof *m->unit_g);
+  if (!m->params || !m->param_unit || !m->blocks || !m->unit_start ||
+      !m->unit_numel || !m->unit_w || !m->unit_g)
     return zt_err_set(e, ZT_ERUNTIME, "out of host memory for the model table");
 
   /* GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2L). */
   const float sd = 0.02f, sd_res = 0.02f / sqrtf(2.0f * (float)L);
   const int64_t kvr = (int64_t)c->kv_heads * m->hd;
+  start_unit(m);
   m->embed_tok = add(m, ZT_INIT_NORMAL, sd, 2, c->vocab, C, "embed.tokens", 0);
   m->embed_pos = gpt ? add(m, ZT_INIT_NORMAL, sd, 2, c->seq, C, "embed.positions", 0) : -1;
   for (int l = 0; l < L; l++) {
     zt_block_params *b = &m->blocks[l];
     memset(b, 0xff, sizeof *b); /* every index -1 */
+    start_unit(m);
     b->norm1_w = add(m, ZT_INIT_ONES, 0, 1, C, 0, "blocks.%d.norm1.weight", l);
     if (gpt) b->norm1_b = add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.norm1.bias", l);
     if (gpt) {
@@ -111,6 +128,7 @@ int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, zt_err *e) {
     b->down_w = add(m, ZT_INIT_NORMAL, sd_res, 2, C, c->ffn_dim, "blocks.%d.mlp.down.weight", l);
     if (gpt) b->down_b = add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.mlp.down.bias", l);
   }
+  start_unit(m);
   m->final_w = add(m, ZT_INIT_ONES, 0, 1, C, 0, "final_norm.weight", 0);
   m->final_b = gpt ? add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "final_norm.bias", 0) : -1;
   m->head = c->tied ? m->embed_tok
