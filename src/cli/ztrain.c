@@ -198,7 +198,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     rc = zt_tokens_open(&val_tok, plan.data.val, plan.data.token_bytes,
                         plan.model.seq, plan.model.vocab, e);
   rc = agree(world, rc, e);
-  if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch, e);
+  if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch, NULL, e);
   if (!rc) rc = zt_optim_init(&optim, &plan.train.optim, &model, e);
   rc = agree(world, rc, e);
   if (!rc) {

@@ -12,10 +12,15 @@
 
 typedef enum { ZT_F32 = 0 } zt_dtype;
 
+/* A TP shard: dimension `dim` of the logical tensor is cut into `groups`
+ * equal parts (1 for a plain slice; 3 for gpt's fused q,k,v rows) and each
+ * part into `count` equal slices; the rank holds slice `index` of every
+ * part, concatenated in part order. */
 typedef struct zt_shard {
-  int dim;   /* sliced dimension, -1 when the tensor is whole */
-  int index; /* this rank's slice */
-  int count; /* number of slices */
+  int dim;    /* sliced dimension, -1 when the tensor is whole */
+  int index;  /* this rank's slice */
+  int count;  /* number of slices */
+  int groups; /* parts of dim sliced separately (>= 1) */
 } zt_shard;
 
 typedef struct zt_tensor_desc {
@@ -33,5 +38,17 @@ static inline int64_t zt_tensor_numel(const zt_tensor_desc *t) {
   for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
   return n;
 }
+
+/* Shape of the local piece (the logical shape when whole). */
+void zt_shard_local_shape(const zt_tensor_desc *t, int64_t shape[ZT_MAX_DIMS]);
+
+/* Row-major index in the logical tensor of element `local` of the local
+ * piece: the one mapping every sharded reader and writer goes through. */
+int64_t zt_shard_global_index(const zt_tensor_desc *t, int64_t local);
+
+/* The local piece as runs of consecutive logical elements: calls
+ * fn(ctx, local_offset, global_offset, length) for each, in local order. */
+void zt_shard_runs(const zt_tensor_desc *t, void *ctx,
+                   void (*fn)(void *ctx, int64_t local, int64_t global, int64_t n));
 
 #endif

@@ -72,9 +72,10 @@ static void upload_rope(zt_model *m) {
 }
 
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
-                  int micro_batch, zt_err *e) {
-  int rc = zt_model_layout(m, cfg, e);
+                  int micro_batch, zt_comm *tp, zt_err *e) {
+  int rc = zt_model_layout(m, cfg, tp ? tp->size : 1, tp ? tp->rank : 0, e);
   if (rc) return rc;
+  m->tp = tp;
   m->be = be;
   m->B = micro_batch;
   m->res = calloc((size_t)cfg->layers + 1, sizeof *m->res);

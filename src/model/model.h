@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "parallel/comm.h"
 #include "src/core/err.h"
 #include "src/core/tensor.h"
 
@@ -67,6 +68,8 @@ typedef struct zt_model_hooks {
 typedef struct zt_model {
   zt_model_cfg cfg;
   const zt_backend *be;
+  zt_comm *tp;         /* tensor-parallel group; NULL = no TP */
+  int tp_size, tp_rank;
   int B;              /* micro-batch size the activations are sized for */
   int hd, qkv_rows;   /* head dim; rows of the fused qkv weight */
   int fc_rows, hidden; /* rows of the fused first MLP weight; MLP width */
@@ -102,13 +105,15 @@ typedef struct zt_model {
 int zt_model_cfg_check(const zt_model_cfg *cfg, zt_err *e);
 
 /* Builds the parameter table only (names, shapes, offsets): no memory for
- * weights or activations. Checkpoint readers and the planner use this. */
-int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, zt_err *e);
+ * weights or activations. Checkpoint readers and the planner use this.
+ * tp_size/tp_rank select this rank's tensor-parallel shards. */
+int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
+                    int tp_rank, zt_err *e);
 
 /* Layout plus device memory for weights, gradients and the activations of a
  * micro-batch of `micro_batch` samples. */
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
-                  int micro_batch, zt_err *e);
+                  int micro_batch, zt_comm *tp, zt_err *e);
 void zt_model_free(zt_model *m);
 
 /* Initial values from the counter-based RNG keyed by (seed, tensor name,

@@ -55,6 +55,7 @@ static int add(zt_model *m, zt_init_kind init, float std, int ndim, int64_t d0,
   p->t.shape[0] = d0;
   p->t.shape[1] = d1;
   p->t.shard.dim = -1;
+  p->t.shard.groups = 1;
   p->t.offset = m->numel;
   p->t.numel = zt_tensor_numel(&p->t);
   p->init = init;
@@ -71,11 +72,14 @@ static void start_unit(zt_model *m) {
   m->n_units++;
 }
 
-int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, zt_err *e) {
+int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
+                    int tp_rank, zt_err *e) {
   int rc = zt_model_cfg_check(cfg, e);
   if (rc) return rc;
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
+  m->tp_size = tp_size;
+  m->tp_rank = tp_rank;
   const zt_model_cfg *c = &m->cfg;
   int gpt = c->arch == ZT_ARCH_GPT, C = c->dim, L = c->layers;
   m->hd = C / c->heads;
