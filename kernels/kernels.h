@@ -39,12 +39,17 @@ typedef struct zt_backend {
                const float *a, int lda, const float *b, int ldb, float beta,
                float *c, int ldc);
 
-  /* out[N,C] = wte[tok] (+ wpe[t] when wpe != NULL), N = B*T */
+  /* Embedding lookup from a table of which rows [v0, v0 + Vl) are here
+   * (v0 = 0, Vl = V: the whole table; else a vocab-parallel shard).
+   * out[N,C] = wte[tok - v0] for tokens in range, 0 for the others (another
+   * shard's), + wpe[t] when wpe != NULL; N = B*T. Summing the outputs of all
+   * shards, wpe passed to one of them, gives the whole lookup exactly. */
   void (*embed_fwd)(float *out, const int32_t *tok, const float *wte,
-                    const float *wpe, int B, int T, int C);
-  /* dwte[tok] += dout; dwpe[t] += dout (when dwpe != NULL) */
+                    const float *wpe, int B, int T, int C, int v0, int Vl);
+  /* dwte[tok - v0] += dout for tokens in range; dwpe[t] += dout (when
+   * dwpe != NULL) */
   void (*embed_bwd)(float *dwte, float *dwpe, const int32_t *tok,
-                    const float *dout, int B, int T, int C);
+                    const float *dout, int B, int T, int C, int v0, int Vl);
 
   /* LayerNorm with weight and bias; dx += */
   void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *x,
@@ -88,6 +93,21 @@ typedef struct zt_backend {
    * logits are overwritten by dlogits = (softmax - onehot) * dscale. */
   void (*xent_fwd_bwd)(float *logits, float *loss, const int32_t *targets,
                        int N, int V, float dscale);
+  /* The same in three steps over a vocab-parallel shard, logits[N, V]
+   * being columns [v0, v0 + V) of the full rows; the caller combines the
+   * shards' stats[3N] = [max | sumexp | target logit] in between:
+   *   xent_max     stats[0:N) = row max            -> max over shards
+   *   xent_sumexp  stats[N:2N) = sum exp(l - max), stats[2N:3N) = l[target]
+   *                when the target is in this shard, else 0  -> sum over
+   *                shards of stats[N:3N)
+   *   xent_finish  loss[N] = max + log(sumexp) - target logit; logits
+   *                overwritten by this shard's (softmax - onehot) * dscale. */
+  void (*xent_max)(float *stats, const float *logits, int N, int V);
+  void (*xent_sumexp)(float *stats, const float *logits,
+                      const int32_t *targets, int N, int V, int v0);
+  void (*xent_finish)(float *logits, float *loss, const float *stats,
+                      const int32_t *targets, int N, int V, int v0,
+                      float dscale);
 
   /* y += x */
   void (*add)(float *y, const float *x, size_t n);

@@ -202,13 +202,30 @@ local function dp_value(v)
   return integer(1)(v)
 end
 
+-- parallel.zero: a stage number, or a table with the stage and its knobs
+local zero_spec = {
+  stage = { integer(0), default = 0 },
+  bucket_bytes = { integer(1), default = 25 * 2 ^ 20 // 1 },
+  overlap = { boolean, default = true },
+}
+local function zero_value(v)
+  if math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v)) then
+    v = { stage = math.tointeger(v) }
+  end
+  if type(v) ~= "table" then return nil, "a stage 0..3 or {stage = ..., bucket_bytes = ..., overlap = ...}" end
+  local res = check(v, zero_spec, "parallel.zero", 0)
+  if res.stage > 3 then return nil, "a stage 0, 1, 2 or 3 (got " .. res.stage .. ")" end
+  return res
+end
+
 local specs = {
   parallel = {
     dp = { dp_value, default = "auto" },
     tp = { integer(1), default = 1 },
     pp = { integer(1), default = 1 },
-    zero = { integer(0), default = 0 },
+    zero = { zero_value, default = 0 },
     order = { oneof("tp-dp-pp"), default = "tp-dp-pp" },
+    timeout = { number(true), default = 1800.0 },
   },
   train = {
     micro_batch = { integer(1), default = 1 },
@@ -257,7 +274,7 @@ function M._plan(script)
       -- a typo of a table the script then lacks; a helper table whose name
       -- happens to be close to one it has is fine
       local near = nearest(k, globals)
-      if near and _G[near] == nil then
+      if near and (_G[near] == nil or next(_G[near]) == nil) then
         fail(string.format("unknown global table '%s' (did you mean '%s'?)", k, near))
       end
     end

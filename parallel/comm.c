@@ -1,47 +1,210 @@
 /* comm: MPI backend of the collective interface. */
 #include "parallel/comm.h"
 
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
-void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi) {
+#include "parallel/watchdog.h"
+
+const char *const zt_comm_op_names[ZT_OP_COUNT] = {
+    "allreduce", "reduce_scatter", "allgather", "bcast", "gather"};
+
+static int next_id; /* groups are created in the same order on every rank */
+
+void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi, int own) {
   memset(c, 0, sizeof *c);
   strncpy(c->name, name, sizeof c->name - 1);
   c->mpi = mpi;
+  c->id = next_id++;
   MPI_Comm_rank(mpi, &c->rank);
   MPI_Comm_size(mpi, &c->size);
+  c->world_ranks = malloc((size_t)c->size * sizeof *c->world_ranks);
+  int *mine = malloc((size_t)c->size * sizeof *mine);
+  for (int i = 0; i < c->size; i++) mine[i] = i;
+  MPI_Group g, w;
+  MPI_Comm_group(mpi, &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &w);
+  MPI_Group_translate_ranks(g, c->size, mine, w, c->world_ranks);
+  MPI_Group_free(&g);
+  MPI_Group_free(&w);
+  free(mine);
+  c->own = own;
+  zt_watchdog_register(c);
 }
 
-static void count(zt_comm *c, zt_comm_op op, size_t bytes) {
-  c->calls[op]++;
-  c->bytes[op] += bytes;
+void zt_comm_free(zt_comm *c) {
+  zt_watchdog_unregister(c);
+  if (c->own && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
+  free(c->world_ranks);
+  memset(c, 0, sizeof *c);
 }
+
+uint64_t zt_comm_total_bytes(const zt_comm *c) {
+  uint64_t s = 0;
+  for (int i = 0; i < ZT_OP_COUNT; i++) s += c->bytes[i];
+  return s;
+}
+
+/* Counts the call, returns its sequence number. */
+static uint64_t start(zt_comm *c, zt_comm_op op, double bytes) {
+  c->calls[op]++;
+  c->bytes[op] += (uint64_t)(bytes + 0.5);
+  return atomic_fetch_add(&c->seq, 1) + 1;
+}
+
+static double ring_allreduce(const zt_comm *c, size_t bytes) {
+  return 2.0 * (double)bytes * (c->size - 1) / c->size;
+}
+
+/* All MPI traffic of this module goes through one lock, and every wait is
+ * a test loop that drops it between tests: the watchdog thread (which asks
+ * and answers questions over MPI) then never runs MPI's progress engine at
+ * the same time as this thread. Open MPI's non-blocking collectives
+ * (libnbc) are not safe under concurrent progress even with
+ * MPI_THREAD_MULTIPLE; this was seen as heap corruption in NBC_Progress. */
+static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void zt_comm_lock(void) { pthread_mutex_lock(&mpi_lock); }
+void zt_comm_unlock(void) { pthread_mutex_unlock(&mpi_lock); }
+
+static int test_locked(MPI_Request *r) {
+  int done = 0;
+  zt_comm_lock();
+  MPI_Test(r, &done, MPI_STATUS_IGNORE);
+  zt_comm_unlock();
+  return done;
+}
+
+static void wait_watched(zt_comm *c, zt_comm_op op, uint64_t seq, MPI_Request *r) {
+  if (*r == MPI_REQUEST_NULL) return;
+  zt_watchdog_enter(c, op, seq);
+  while (!test_locked(r)) sched_yield();
+  zt_watchdog_leave();
+}
+
+/* Posts a non-blocking call under the lock and waits for it, watched. */
+#define WATCHED(c, op, seq, post)                                  \
+  do {                                                             \
+    MPI_Request req_ = MPI_REQUEST_NULL;                           \
+    if (zt_watchdog_should_skip(c, seq)) break;                    \
+    zt_comm_lock();                                                \
+    post;                                                          \
+    zt_comm_unlock();                                              \
+    wait_watched(c, op, seq, &req_);                               \
+  } while (0)
 
 /* MPI counts are int: large buffers go in slices. */
 #define ZT_MPI_SLICE ((size_t)1 << 30)
 
-static void allreduce_sum(zt_comm *c, void *x, size_t n, MPI_Datatype type,
-                          size_t size) {
-  count(c, ZT_OP_ALLREDUCE, n * size);
+static void allreduce(zt_comm *c, void *x, size_t n, MPI_Datatype type,
+                      size_t size, MPI_Op op) {
+  uint64_t seq = start(c, ZT_OP_ALLREDUCE, ring_allreduce(c, n * size));
   if (c->size == 1) return;
   for (size_t o = 0; o < n; o += ZT_MPI_SLICE) {
     size_t k = n - o < ZT_MPI_SLICE ? n - o : ZT_MPI_SLICE;
-    MPI_Allreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, MPI_SUM, c->mpi);
+    WATCHED(c, ZT_OP_ALLREDUCE, seq,
+            MPI_Iallreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, op, c->mpi,
+                           &req_));
   }
 }
 
 void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n) {
-  allreduce_sum(c, x, n, MPI_FLOAT, sizeof *x);
+  allreduce(c, x, n, MPI_FLOAT, sizeof *x, MPI_SUM);
+}
+
+void zt_comm_allreduce_max_f32(zt_comm *c, float *x, size_t n) {
+  allreduce(c, x, n, MPI_FLOAT, sizeof *x, MPI_MAX);
 }
 
 void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n) {
-  allreduce_sum(c, x, n, MPI_DOUBLE, sizeof *x);
+  allreduce(c, x, n, MPI_DOUBLE, sizeof *x, MPI_SUM);
 }
 
 void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root) {
-  count(c, ZT_OP_BCAST, bytes);
+  uint64_t seq = start(c, ZT_OP_BCAST, c->size > 1 ? (double)bytes : 0);
   if (c->size == 1) return;
   for (size_t o = 0; o < bytes; o += ZT_MPI_SLICE) {
     size_t k = bytes - o < ZT_MPI_SLICE ? bytes - o : ZT_MPI_SLICE;
-    MPI_Bcast((char *)buf + o, (int)k, MPI_BYTE, root, c->mpi);
+    WATCHED(c, ZT_OP_BCAST, seq,
+            MPI_Ibcast((char *)buf + o, (int)k, MPI_BYTE, root, c->mpi, &req_));
   }
+}
+
+void zt_comm_gather_f32(zt_comm *c, const float *send, float *recv, size_t n, int root) {
+  uint64_t seq = start(c, ZT_OP_GATHER, c->rank == root ? 0 : (double)n * sizeof *send);
+  if (c->size == 1) {
+    memcpy(recv, send, n * sizeof *send);
+    return;
+  }
+  WATCHED(c, ZT_OP_GATHER, seq,
+          MPI_Igather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, root, c->mpi, &req_));
+}
+
+void zt_comm_gatherv_f32(zt_comm *c, const float *send, float *recv,
+                         const int *counts, const int *displs, int root) {
+  uint64_t seq = start(c, ZT_OP_GATHER, c->rank == root ? 0 : 4.0 * counts[c->rank]);
+  if (c->size == 1) {
+    if (recv != send) memcpy(recv + displs[0], send, (size_t)counts[0] * sizeof *send);
+    return;
+  }
+  WATCHED(c, ZT_OP_GATHER, seq,
+          MPI_Igatherv(send, counts[c->rank], MPI_FLOAT, recv, counts, displs, MPI_FLOAT,
+                       root, c->mpi, &req_));
+}
+
+static int64_t sum_counts(const zt_comm *c, const int *counts) {
+  int64_t s = 0;
+  for (int i = 0; i < c->size; i++) s += counts[i];
+  return s;
+}
+
+void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
+                                 const int *counts, zt_req *r) {
+  int64_t total = sum_counts(c, counts);
+  r->c = c;
+  r->op = ZT_OP_REDUCE_SCATTER;
+  r->seq = start(c, r->op, 4.0 * (double)(total - counts[c->rank]));
+  r->mpi = MPI_REQUEST_NULL;
+  if (c->size == 1) {
+    if (recv != send) memcpy(recv, send, (size_t)total * sizeof *send);
+    return;
+  }
+  if (zt_watchdog_should_skip(c, r->seq)) return;
+  zt_comm_lock();
+  MPI_Ireduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, counts, MPI_FLOAT,
+                      MPI_SUM, c->mpi, &r->mpi);
+  zt_comm_unlock();
+}
+
+void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
+                            const int *displs, zt_req *r) {
+  int64_t total = sum_counts(c, counts);
+  r->c = c;
+  r->op = ZT_OP_ALLGATHER;
+  r->seq = start(c, r->op, 4.0 * (double)(total - counts[c->rank]));
+  r->mpi = MPI_REQUEST_NULL;
+  if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
+  zt_comm_lock();
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs,
+                  MPI_FLOAT, c->mpi, &r->mpi);
+  zt_comm_unlock();
+}
+
+void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r) {
+  r->c = c;
+  r->op = ZT_OP_ALLREDUCE;
+  r->seq = start(c, r->op, ring_allreduce(c, n * sizeof *x));
+  r->mpi = MPI_REQUEST_NULL;
+  if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
+  zt_comm_lock();
+  MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &r->mpi);
+  zt_comm_unlock();
+}
+
+void zt_comm_wait(zt_req *r) { wait_watched(r->c, r->op, r->seq, &r->mpi); }
+
+int zt_comm_test(zt_req *r) {
+  return r->mpi == MPI_REQUEST_NULL || test_locked(&r->mpi);
 }

@@ -1,35 +1,89 @@
 /* comm: the collective interface. Every collective goes through a zt_comm,
- * which names its group and counts calls and bytes per operation, so tests
- * and the step log can compare traffic with the theoretical volume. Today
- * the only backend is MPI over host memory; NCCL over device memory will be
- * a second implementation of these calls. */
+ * which names its group, numbers its collectives (a sequence number per
+ * group, the same on every member) and counts calls and bytes per
+ * operation, so tests and the step log can compare traffic with the
+ * theoretical volume. Bytes are the ring-algorithm volume one rank sends,
+ * as in the ZeRO paper: all-reduce of n bytes 2n(p-1)/p, reduce-scatter and
+ * all-gather of n bytes in all n - (this rank's part), broadcast n.
+ * Today's backend is MPI over host memory; NCCL over device memory will be
+ * a second implementation of these calls. Blocking calls and waits are
+ * watched by the watchdog (watchdog.h). */
 #ifndef ZT_COMM_H
 #define ZT_COMM_H
 
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
   ZT_OP_ALLREDUCE = 0,
+  ZT_OP_REDUCE_SCATTER,
+  ZT_OP_ALLGATHER,
   ZT_OP_BCAST,
+  ZT_OP_GATHER,
   ZT_OP_COUNT
 } zt_comm_op;
 
+extern const char *const zt_comm_op_names[ZT_OP_COUNT];
+
 typedef struct zt_comm {
-  char name[16]; /* "world", later "dp", "tp", "pp" */
+  char name[16]; /* "world", "dp", "tp", "pp", "mp", "embed" */
+  int id;        /* creation order: the same group has the same id everywhere */
+  int own;       /* free the communicator with the zt_comm */
   MPI_Comm mpi;
   int rank, size;
+  int *world_ranks;       /* world rank of each member, for reports */
+  _Atomic uint64_t seq;   /* collectives started on this group */
   uint64_t calls[ZT_OP_COUNT];
-  uint64_t bytes[ZT_OP_COUNT]; /* payload bytes this rank passed in */
+  uint64_t bytes[ZT_OP_COUNT];
 } zt_comm;
 
-/* Wraps an existing communicator (not duplicated, not freed). */
-void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi);
+/* A non-blocking collective in flight. */
+typedef struct zt_req {
+  MPI_Request mpi;
+  zt_comm *c;
+  zt_comm_op op;
+  uint64_t seq;
+} zt_req;
 
-/* In-place sum over the group. */
+/* Wraps a communicator: `own` = the zt_comm frees it in zt_comm_free.
+ * Every member must create its groups in the same order. */
+void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi, int own);
+void zt_comm_free(zt_comm *c);
+
+/* Total bytes over all operations. */
+uint64_t zt_comm_total_bytes(const zt_comm *c);
+
+/* In-place reductions over the group. */
 void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n);
+void zt_comm_allreduce_max_f32(zt_comm *c, float *x, size_t n);
 void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n);
 void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root);
+/* Gathers `n` floats from every member to `root` (recv: size*n floats). */
+void zt_comm_gather_f32(zt_comm *c, const float *send, float *recv, size_t n, int root);
+
+/* Gathers counts[r] floats from member r into recv + displs[r] on root. */
+void zt_comm_gatherv_f32(zt_comm *c, const float *send, float *recv,
+                         const int *counts, const int *displs, int root);
+
+/* Non-blocking, by element counts per member (counts[r] for member r):
+ * reduce-scatter sums `send` (sum of counts elements) and leaves member r's
+ * part in `recv` (send == recv: in place, the part lands at the start of
+ * the buffer); all-gather fills `buf` (in place: this member's part is
+ * already at displs[rank]). */
+void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
+                                 const int *counts, zt_req *r);
+void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
+                            const int *displs, zt_req *r);
+void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r);
+/* The lock every MPI call of the process is made under (the watchdog
+ * thread takes it too). */
+void zt_comm_lock(void);
+void zt_comm_unlock(void);
+
+/* Completes a request (watched); test progresses it and says if done. */
+void zt_comm_wait(zt_req *r);
+int zt_comm_test(zt_req *r);
 
 #endif

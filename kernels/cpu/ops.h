@@ -12,9 +12,9 @@
   void P##gemm(int ta, int tb, int m, int n, int k, real alpha, const real *a, \
                int lda, const real *b, int ldb, real beta, real *c, int ldc);  \
   void P##embed_fwd(real *out, const int32_t *tok, const real *wte,            \
-                    const real *wpe, int B, int T, int C);                     \
+                    const real *wpe, int B, int T, int C, int v0, int Vl);     \
   void P##embed_bwd(real *dwte, real *dwpe, const int32_t *tok,                \
-                    const real *dout, int B, int T, int C);                    \
+                    const real *dout, int B, int T, int C, int v0, int Vl);    \
   void P##layernorm_fwd(real *out, real *mean, real *rstd, const real *x,      \
                         const real *w, const real *b, int N, int C, real eps); \
   void P##layernorm_bwd(real *dx, real *dw, real *db, const real *dout,        \
@@ -41,6 +41,12 @@
                    int KVH, int hd);                                           \
   void P##xent_fwd_bwd(real *logits, real *loss, const int32_t *targets,       \
                        int N, int V, real dscale);                             \
+  void P##xent_max(real *stats, const real *logits, int N, int V);             \
+  void P##xent_sumexp(real *stats, const real *logits, const int32_t *targets, \
+                      int N, int V, int v0);                                   \
+  void P##xent_finish(real *logits, real *loss, const real *stats,             \
+                      const int32_t *targets, int N, int V, int v0,            \
+                      real dscale);                                            \
   void P##add(real *y, const real *x, size_t n);                               \
   void P##scale(real *x, real s, size_t n);                                    \
   double P##sumsq(const real *x, size_t n);                                    \

@@ -59,29 +59,39 @@ void FN(gemm)(int ta, int tb, int m, int n, int k, real alpha, const real *a,
     __VA_ARGS__                                                   \
   }
 
+/* Rows [v0, v0 + Vl) of the table are here (all of it with v0 = 0, Vl = V;
+ * a vocab-parallel shard otherwise). A token outside that range belongs to
+ * another shard: its row is 0 here (plus the position), and the caller's sum
+ * over shards adds exactly one token row, so the result is bit-identical to
+ * the whole-table lookup. */
 void FN(embed_fwd)(real *out, const int32_t *tok, const real *wte,
-                   const real *wpe, int B, int T, int C) {
+                   const real *wpe, int B, int T, int C, int v0, int Vl) {
   /* out[B*T, C] */
 #pragma omp parallel for
   for (int n = 0; n < B * T; n++) {
-    const real *e = wte + (size_t)tok[n] * C;
+    int v = tok[n] - v0;
+    const real *e = v >= 0 && v < Vl ? wte + (size_t)v * C : NULL;
+    const real *p = wpe ? wpe + (size_t)(n % T) * C : NULL;
     real *o = out + (size_t)n * C;
-    if (wpe) {
-      const real *p = wpe + (size_t)(n % T) * C;
+    if (e && p)
       for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
-    } else {
-      memcpy(o, e, sizeof(real) * C);
-    }
+    else if (e || p)
+      memcpy(o, e ? e : p, sizeof(real) * C);
+    else
+      memset(o, 0, sizeof(real) * C);
   }
 }
 
 void FN(embed_bwd)(real *dwte, real *dwpe, const int32_t *tok,
-                   const real *dout, int B, int T, int C) {
+                   const real *dout, int B, int T, int C, int v0, int Vl) {
   ZT_COLUMN_SPLIT(C, {
     for (int n = 0; n < B * T; n++) {
       const real *d = dout + (size_t)n * C;
-      real *e = dwte + (size_t)tok[n] * C;
-      for (int c = c0; c < c1; c++) e[c] += d[c];
+      int v = tok[n] - v0;
+      if (v >= 0 && v < Vl) {
+        real *e = dwte + (size_t)v * C;
+        for (int c = c0; c < c1; c++) e[c] += d[c];
+      }
       if (dwpe) {
         real *p = dwpe + (size_t)(n % T) * C;
         for (int c = c0; c < c1; c++) p[c] += d[c];
@@ -347,22 +357,68 @@ void FN(attn_bwd)(real *dqkv, real *dprobs, const real *dout, const real *qkv,
     }
 }
 
+/* Cross-entropy, row by row. The three pieces are shared by the fused
+ * kernel (one pass while the row is in cache) and the vocab-parallel one
+ * (the caller reduces max and sums over shards between them). */
+static inline real FN(row_max)(const real *l, int V) {
+  real mx = l[0];
+#pragma omp simd reduction(max : mx)
+  for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+  return mx;
+}
+
+/* V is large: sum in double even in the f32 build */
+static inline double FN(row_sumexp)(const real *l, real mx, int V) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int v = 0; v < V; v++) sum += EXP(l[v] - mx);
+  return sum;
+}
+
+/* l = (softmax - onehot) * dscale; t is the target's column here, or
+ * outside [0, V) when another shard holds it */
+static inline void FN(row_dlogits)(real *l, real lse, int t, int V, real dscale) {
+#pragma omp simd
+  for (int v = 0; v < V; v++) l[v] = EXP(l[v] - lse) * dscale;
+  if (t >= 0 && t < V) l[t] -= dscale;
+}
+
 void FN(xent_fwd_bwd)(real *logits, real *loss, const int32_t *targets, int N,
                       int V, real dscale) {
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
     real *l = logits + (size_t)n * V;
-    real mx = l[0];
-#pragma omp simd reduction(max : mx)
-    for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-    double sum = 0; /* V is large: sum in double even in the f32 build */
-#pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; v++) sum += EXP(l[v] - mx);
-    real lse = mx + (real)log(sum);
+    real mx = FN(row_max)(l, V);
+    real lse = mx + (real)log(FN(row_sumexp)(l, mx, V));
     loss[n] = lse - l[targets[n]];
-#pragma omp simd
-    for (int v = 0; v < V; v++) l[v] = EXP(l[v] - lse) * dscale;
-    l[targets[n]] -= dscale;
+    FN(row_dlogits)(l, lse, targets[n], V, dscale);
+  }
+}
+
+/* stats[3N] = [max | sum exp(l - max) | target logit]; see kernels.h */
+void FN(xent_max)(real *stats, const real *logits, int N, int V) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) stats[n] = FN(row_max)(logits + (size_t)n * V, V);
+}
+
+void FN(xent_sumexp)(real *stats, const real *logits, const int32_t *targets,
+                     int N, int V, int v0) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const real *l = logits + (size_t)n * V;
+    int t = targets[n] - v0;
+    stats[N + n] = (real)FN(row_sumexp)(l, stats[n], V);
+    stats[2 * N + n] = t >= 0 && t < V ? l[t] : 0;
+  }
+}
+
+void FN(xent_finish)(real *logits, real *loss, const real *stats,
+                     const int32_t *targets, int N, int V, int v0, real dscale) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    real lse = stats[n] + (real)log(stats[N + n]);
+    loss[n] = lse - stats[2 * N + n];
+    FN(row_dlogits)(logits + (size_t)n * V, lse, targets[n] - v0, V, dscale);
   }
 }
 

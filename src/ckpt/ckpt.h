@@ -8,21 +8,33 @@
 #ifndef ZT_CKPT_H
 #define ZT_CKPT_H
 
-#include "parallel/comm.h"
+#include "parallel/grid.h"
+#include "parallel/zero.h"
 #include "src/core/err.h"
 #include "src/model/model.h"
-#include "src/train/optim.h"
 
 #define ZT_CKPT_FORMAT "ztrain-checkpoint"
 #define ZT_CKPT_VERSION 1
 
-/* Collective over `world`: rank 0 writes (all ranks hold the same full
- * state until sharded layouts arrive); every rank returns the same status. */
-int zt_ckpt_save(const char *path, const zt_model *m, const zt_optim *o,
-                 const char *plan_json, zt_comm *world, zt_err *e);
+/* What a checkpoint reads and writes: the model's parameter table, the
+ * ZeRO engine holding parameters and AdamW moments, the grid. */
+typedef struct zt_ckpt_state {
+  zt_model *m;
+  zt_zero *z;
+  zt_grid *grid;
+  int64_t *step; /* optimizer steps taken */
+} zt_ckpt_state;
 
-/* Loads weights and, when o != NULL and the file has them, optimizer state
- * and step. Refuses a file of another model, naming the tensor and shapes. */
-int zt_ckpt_load(const char *path, zt_model *m, zt_optim *o, zt_err *e);
+/* Collective over the world. Every logical tensor is assembled from its
+ * ZeRO shards (over dp) and TP pieces (over tp) and written by world rank
+ * 0; every rank returns the same status. */
+int zt_ckpt_save(const char *path, const zt_ckpt_state *s, const char *plan_json,
+                 zt_err *e);
+
+/* Collective over the world. World rank 0 checks the file (format, every
+ * tensor's name and logical shape, naming the first mismatch) and reads
+ * it; every rank keeps its own piece of each tensor. The optimizer state
+ * and step are loaded when the file has them. */
+int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e);
 
 #endif

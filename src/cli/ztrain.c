@@ -15,6 +15,8 @@
 
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
+#include "parallel/grid.h"
+#include "parallel/watchdog.h"
 #include "src/ckpt/ckpt.h"
 #include "src/config/config.h"
 #include "src/data/data.h"
@@ -147,18 +149,18 @@ static void set_threads(void) {
 }
 
 /* checkpoint.every: dir/step_NNNNNNNN.h5, keeping the newest `keep`. */
-static int periodic_save(const zt_plan *p, const zt_model *m, const zt_optim *o,
-                         zt_comm *world, zt_err *e) {
-  if (world->rank == 0 && mkdir(p->ckpt.dir, 0777) && errno != EEXIST) {
+static int periodic_save(const zt_plan *p, const zt_ckpt_state *cs, zt_err *e) {
+  zt_comm *world = &cs->grid->world;
+  if (world->rank == 0 && mkdir(p->ckpt.dir, 0777) && errno != EEXIST)
     zt_err_set(e, ZT_ERUNTIME, "cannot create checkpoint dir %s: %s", p->ckpt.dir,
                strerror(errno));
-  }
   if (agree(world, e->code, e)) return e->code;
   size_t n = strlen(p->ckpt.dir) + 32;
   char *path = malloc(n);
-  snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, (long long)o->t);
-  int rc = zt_ckpt_save(path, m, o, p->json, world, e);
-  long long old = (long long)o->t - (long long)p->ckpt.keep * p->ckpt.every;
+  long long step = (long long)*cs->step;
+  snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, step);
+  int rc = zt_ckpt_save(path, cs, p->json, e);
+  long long old = step - (long long)p->ckpt.keep * p->ckpt.every;
   if (!rc && world->rank == 0 && old > 0) {
     snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, old);
     unlink(path);
@@ -180,15 +182,40 @@ static int check_save_path(const char *path, zt_err *e) {
   return rc;
 }
 
+static double logical_params(const zt_model *m) {
+  double n = 0;
+  for (int i = 0; i < m->n_params; i++) n += (double)zt_tensor_numel(&m->params[i].t);
+  return n;
+}
+
+static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *tr,
+                         const zt_report *rep) {
+  const zt_model_cfg *c = &p->model;
+  const zt_zero *z = &tr->zero;
+  printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
+         "grid dp %d x tp %d x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
+         "%d threads/rank\n"
+         "model states %.1f MiB/rank (+ buffers %.1f MiB) | steps %lld..%lld | "
+         "MFU against %.0f GFLOP/s per rank (%s)\n",
+         ZT_VERSION, c->arch == ZT_ARCH_GPT ? "gpt" : "llama", c->layers, c->dim, c->heads,
+         c->kv_heads, c->vocab, c->seq, logical_params(m) / 1e6,
+         p->parallel.dp, p->parallel.tp, p->parallel.pp, p->parallel.zero.stage,
+         p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
+         omp_get_max_threads(), z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
+         (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
+         p->train.peak_gflops > 0 ? "train.peak_gflops" : "measured SGEMM");
+  fflush(stdout);
+}
+
 static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
+  zt_grid grid = {0};
   zt_tokens train_tok = {0}, val_tok = {0};
   zt_model model = {0};
-  zt_optim optim = {0};
   zt_trainer tr = {0};
   zt_report rep = {0};
-  int rank0 = world->rank == 0;
+  int rank0 = world->rank == 0, grid_up = 0, watched = 0;
 
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
   if (!rc && a->save) rc = check_save_path(a->save, e);
@@ -198,52 +225,52 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     rc = zt_tokens_open(&val_tok, plan.data.val, plan.data.token_bytes,
                         plan.model.seq, plan.model.vocab, e);
   rc = agree(world, rc, e);
-  if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch, NULL, e);
-  if (!rc) rc = zt_optim_init(&optim, &plan.train.optim, &model, e);
+  if (!rc) {
+    watched = zt_watchdog_start(plan.parallel.timeout) == 0;
+    if (!watched && rank0)
+      fprintf(stderr, "ztrain: warning: MPI without thread support: no hang watchdog\n");
+    rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
+    grid_up = !rc;
+    if (!rc && grid.tp_spans_nodes && grid.tp_rank == 0)
+      fprintf(stderr, "ztrain: warning: the TP group of rank %d spans nodes: its all-reduces "
+              "cross the network on every layer; keep tp <= ranks per node\n", world->rank);
+  }
+  if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch,
+                              &grid.tp_comm, e);
   rc = agree(world, rc, e);
   if (!rc) {
-    if (a->load) rc = zt_ckpt_load(a->load, &model, &optim, e);
-    else zt_model_init_weights(&model, plan.train.seed);
+    zt_model_init_weights(&model, plan.train.seed);
+    rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero, &train_tok,
+                         plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
   }
   rc = agree(world, rc, e);
-  if (!rc) rc = zt_trainer_init(&tr, &plan.train, &model, &optim, world, &train_tok,
-                                plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
+  zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t};
+  if (!rc && a->load) rc = zt_ckpt_load(a->load, &cs, e);
   if (!rc) {
     double peak = plan.train.peak_gflops;
     if (peak <= 0 && rank0 && plan.train.log_every > 0) peak = zt_report_measure_peak_gflops(be);
-    rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, optim.t,
-                        plan.train.steps, zt_model_flops_per_token(&model), peak, e);
+    rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, tr.t, plan.train.steps,
+                        zt_model_flops_per_token(&model) / plan.parallel.tp, peak, e);
   }
   rc = agree(world, rc, e);
-  if (!rc && rank0) {
-    printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
-           "batch %d = micro %d x accum %d x dp %d | %d threads/rank | steps %lld..%lld\n"
-           "MFU against %.0f GFLOP/s per rank (%s)\n",
-           ZT_VERSION, plan.model.arch == ZT_ARCH_GPT ? "gpt" : "llama",
-           plan.model.layers, plan.model.dim, plan.model.heads, plan.model.kv_heads,
-           plan.model.vocab, plan.model.seq, (double)model.numel / 1e6,
-           plan.train.global_batch, plan.train.micro_batch, plan.train.accum,
-           plan.parallel.dp, omp_get_max_threads(), (long long)optim.t,
-           (long long)plan.train.steps, rep.peak_flops / 1e9,
-           plan.train.peak_gflops > 0 ? "train.peak_gflops" : "measured SGEMM");
-    fflush(stdout);
-  }
-  while (!rc && optim.t < plan.train.steps) {
+  if (!rc && rank0) print_banner(&plan, &model, &tr, &rep);
+  while (!rc && tr.t < plan.train.steps) {
     zt_step_stats st;
     zt_trainer_step(&tr, &st);
+    st.state_bytes = tr.zero.state_bytes;
     zt_report_step(&rep, &st);
     int last = st.step == plan.train.steps;
     if (tr.has_val && ((plan.train.eval_every && st.step % plan.train.eval_every == 0) || last))
       zt_report_eval(&rep, st.step, zt_trainer_eval(&tr, plan.data.val_batches));
-    if (plan.ckpt.every && st.step % plan.ckpt.every == 0)
-      rc = periodic_save(&plan, &model, &optim, world, e);
+    if (plan.ckpt.every && st.step % plan.ckpt.every == 0) rc = periodic_save(&plan, &cs, e);
   }
-  if (!rc && a->save) rc = zt_ckpt_save(a->save, &model, &optim, plan.json, world, e);
+  if (!rc && a->save) rc = zt_ckpt_save(a->save, &cs, plan.json, e);
 
   zt_report_close(&rep);
   zt_trainer_free(&tr);
-  if (optim.m) zt_optim_free(&optim, &model);
   if (model.params) zt_model_free(&model);
+  if (grid_up) zt_grid_free(&grid);
+  if (watched) zt_watchdog_stop();
   zt_tokens_close(&train_tok);
   zt_tokens_close(&val_tok);
   zt_plan_free(&plan);
@@ -262,9 +289,9 @@ int main(int argc, char **argv) {
     return 0;
   }
   int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   zt_comm world;
-  zt_comm_wrap(&world, "world", MPI_COMM_WORLD);
+  zt_comm_wrap(&world, "cli", MPI_COMM_WORLD, 0);
   if (!rc) {
     set_threads();
     rc = train_main(&a, &world, &e);
@@ -272,6 +299,7 @@ int main(int argc, char **argv) {
   if (rc && world.rank == 0) fprintf(stderr, "ztrain: error: %s\n", e.msg);
   for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);
   free(a.stmts);
+  zt_comm_free(&world);
   MPI_Finalize();
   return rc;
 }

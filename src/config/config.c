@@ -152,13 +152,18 @@ static void read_data(lua_State *L, zt_data_cfg *d) {
 static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e) {
   p->tp = (int)num(L, "tp");
   p->pp = (int)num(L, "pp");
-  p->zero = (int)num(L, "zero");
+  p->timeout = num(L, "timeout");
+  lua_getfield(L, -1, "zero");
+  p->zero.stage = (int)num(L, "stage");
+  p->zero.bucket_bytes = (int64_t)num(L, "bucket_bytes");
+  p->zero.overlap = boolean(L, "overlap");
+  lua_pop(L, 1);
   lua_getfield(L, -1, "dp");
   int automatic = lua_type(L, -1) == LUA_TSTRING;
   p->dp = automatic ? 0 : (int)lua_tointeger(L, -1);
   lua_pop(L, 1);
-  if (p->zero > 3)
-    return zt_err_set(e, ZT_EINPUT, "parallel.zero must be 0, 1, 2 or 3, got %d", p->zero);
+  if (p->zero.stage > 3)
+    return zt_err_set(e, ZT_EINPUT, "parallel.zero must be 0, 1, 2 or 3, got %d", p->zero.stage);
   if (automatic) {
     if (world % (p->tp * p->pp))
       return zt_err_set(e, ZT_EINPUT,
@@ -173,13 +178,12 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
                       "ranks; run with -np %d or set dp = \"auto\"",
                       p->dp, p->tp, p->pp, p->dp * p->tp * p->pp, world,
                       p->dp * p->tp * p->pp);
-  /* Tensor and pipeline parallelism and ZeRO sharding are later issues;
-   * until they land, say so instead of running something else. */
-  if (p->tp > 1 || p->pp > 1 || p->zero > 0)
+  /* Pipeline parallelism is a later issue; until it lands, say so
+   * instead of running something else. */
+  if (p->pp > 1)
     return zt_err_set(e, ZT_EINPUT,
-                      "parallel: tp = %d, pp = %d, zero = %d is not supported by "
-                      "this version, which runs data parallelism (zero = 0) only; "
-                      "use tp = 1, pp = 1, zero = 0", p->tp, p->pp, p->zero);
+                      "parallel: pp = %d is not supported by this version (no "
+                      "pipeline parallelism yet); use pp = 1", p->pp);
   return ZT_OK;
 }
 
@@ -222,7 +226,7 @@ static char *plan_json(const zt_plan *p) {
       "data", "train", p->data.train, "val", p->data.val, "dtype",
       p->data.token_bytes == 4 ? "u32" : "u16", "shuffle", p->data.shuffle,
       "parallel", "dp", p->parallel.dp, "tp", p->parallel.tp, "pp", p->parallel.pp,
-      "zero", p->parallel.zero);
+      "zero", p->parallel.zero.stage);
   char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(root);
   return s;
@@ -246,7 +250,11 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   if (!L) return zt_err_set(e, ZT_ERUNTIME, "cannot create a Lua state");
   luaL_openlibs(L);
   install_searcher(L);
-  int rc = run_chunk(L, luaL_loadfile(L, script), e);
+  /* The optional tables exist empty, so that -e 'parallel.zero = 2' works
+   * on a script that never mentions them. */
+  const char *pre = "parallel = {} checkpoint = {}";
+  int rc = run_chunk(L, luaL_loadbuffer(L, pre, strlen(pre), "=(ztrain)"), e);
+  if (!rc) rc = run_chunk(L, luaL_loadfile(L, script), e);
   for (int i = 0; i < nstmts && !rc; i++)
     rc = run_chunk(L, luaL_loadbuffer(L, stmts[i], strlen(stmts[i]), "=(-e)"), e);
   if (!rc) {
@@ -278,6 +286,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   }
   lua_close(L);
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
+  if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, e);
   if (!rc && p->ckpt.async)
     rc = zt_err_set(e, ZT_EINPUT,

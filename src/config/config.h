@@ -8,10 +8,13 @@
 #include "src/core/err.h"
 #include "src/data/data.h"
 #include "src/model/model.h"
+#include "parallel/zero.h"
 #include "src/train/trainer.h"
 
 typedef struct zt_parallel_cfg {
-  int dp, tp, pp, zero;
+  int dp, tp, pp;
+  zt_zero_cfg zero;
+  double timeout; /* watchdog, seconds */
 } zt_parallel_cfg;
 
 typedef struct zt_ckpt_cfg {

@@ -65,14 +65,25 @@ typedef struct zt_model_hooks {
   void (*after)(void *ctx, struct zt_model *m, int unit, zt_phase phase);
 } zt_model_hooks;
 
+/* Tensor parallelism (Megatron): with tp > 1 a rank holds, of each block,
+ * heads/tp query heads and kv_heads/tp kv heads (q, k, v weights cut by
+ * output rows: column-parallel), ffn_dim/tp of the MLP width (up and gate by
+ * rows, down by input columns: row-parallel), and vocab/tp rows of the
+ * embedding and head (vocab-parallel). Norms, positions and the biases of
+ * row-parallel layers are whole on every rank and get identical gradients
+ * there. The sizes below are this rank's; cfg keeps the logical ones. */
 typedef struct zt_model {
   zt_model_cfg cfg;
   const zt_backend *be;
   zt_comm *tp;         /* tensor-parallel group; NULL = no TP */
   int tp_size, tp_rank;
   int B;              /* micro-batch size the activations are sized for */
-  int hd, qkv_rows;   /* head dim; rows of the fused qkv weight */
-  int fc_rows, hidden; /* rows of the fused first MLP weight; MLP width */
+  int hd;             /* head dim */
+  int heads, kv_heads; /* local query and kv heads */
+  int att_dim;        /* heads * hd: width of the attention output */
+  int qkv_rows;       /* rows of the local fused qkv weight */
+  int fc_rows, hidden; /* rows of the local fused first MLP weight; local MLP width */
+  int vocab_start, vocab_local; /* embedding / head rows held here */
 
   int n_params;
   zt_param *params;
@@ -94,6 +105,7 @@ typedef struct zt_model {
   float **res; /* residual stream: res[l] is the input of block l, [N, C] */
   zt_block_acts *acts;
   float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+  float *xent_stats; /* [3N] for the vocab-parallel loss (kernels.h) */
   float *dres, *dln, *datt, *dqkv, *dfc, *dact, *dprobs;
   float *rope_cs;
   int32_t *tokens, *targets;
@@ -104,29 +116,43 @@ typedef struct zt_model {
  * is allocated. */
 int zt_model_cfg_check(const zt_model_cfg *cfg, zt_err *e);
 
+/* Checks that tensor parallelism over `tp` ranks divides the model: heads,
+ * kv_heads (llama), ffn_dim and vocab must be multiples of tp. The message
+ * names the number that fails and lists the tp values that would work. */
+int zt_model_tp_check(const zt_model_cfg *cfg, int tp, zt_err *e);
+
 /* Builds the parameter table only (names, shapes, offsets): no memory for
  * weights or activations. Checkpoint readers and the planner use this.
- * tp_size/tp_rank select this rank's tensor-parallel shards. */
+ * tp_size/tp_rank select this rank's tensor-parallel shards: each
+ * descriptor keeps its logical shape, says in .shard how it is cut (dim -1:
+ * whole on every TP rank; else count = tp_size, even when that is 1) and
+ * has the local element count in .numel. */
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
                     int tp_rank, zt_err *e);
 
 /* Layout plus device memory for weights, gradients and the activations of a
- * micro-batch of `micro_batch` samples. */
+ * micro-batch of `micro_batch` samples. With a tp group of size > 1 the
+ * rank holds its shards (layout with tp->size, tp->rank) and zt_model_step
+ * runs collectives on tp; every member must call it on the same tokens. */
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
                   int micro_batch, zt_comm *tp, zt_err *e);
 void zt_model_free(zt_model *m);
 
 /* Initial values from the counter-based RNG keyed by (seed, tensor name,
- * element index): independent of topology. */
+ * logical element index): independent of topology, so every shard holds
+ * exactly the values of its part of the tp = 1 model. */
 void zt_model_init_weights(zt_model *m, uint64_t seed);
 
 /* Runs one micro-batch: tokens/targets are host arrays [B*T]. Returns the
- * sum of per-token losses. With backward, gradients of sum(loss) * dscale
- * are accumulated into m->g. */
+ * sum of per-token losses (the same on every TP rank: count it once). With
+ * backward, gradients of sum(loss) * dscale are accumulated into m->g: each
+ * rank's shard of the full gradient; whole tensors get the same gradient on
+ * every TP rank (no reduction over tp needed). */
 double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
                      int backward, float dscale);
 
-/* Training FLOPs per token (forward + backward), for MFU. */
+/* Training FLOPs per token (forward + backward) of the whole logical model,
+ * for MFU: with TP each rank does 1/tp of it. */
 double zt_model_flops_per_token(const zt_model *m);
 
 /* Index of a parameter by name, or -1. */

@@ -44,9 +44,47 @@ int zt_model_cfg_check(const zt_model_cfg *c, zt_err *e) {
   return ZT_OK;
 }
 
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+int zt_model_tp_check(const zt_model_cfg *c, int tp, zt_err *e) {
+  const char *k = c->arch == ZT_ARCH_GPT ? "zt.gpt" : "zt.llama";
+  if (tp < 1) return zt_err_set(e, ZT_EINPUT, "%s: tp must be >= 1, got %d", k, tp);
+  /* kv_heads is heads in gpt: checking it would only repeat heads */
+  struct { const char *name; int v; const char *why; } need[] = {
+      {"heads", c->heads, ""},
+      {"kv_heads", c->arch == ZT_ARCH_LLAMA ? c->kv_heads : c->heads,
+       " (each TP rank needs whole kv heads: kv_heads must be a multiple of "
+       "tp; replicating kv heads over TP ranks is not supported)"},
+      {"ffn_dim", c->ffn_dim, ""},
+      {"vocab", c->vocab, ""}};
+  int n = sizeof need / sizeof need[0], g = 0;
+  for (int i = 0; i < n; i++) g = gcd(g, need[i].v);
+  for (int i = 0; i < n; i++) {
+    if (need[i].v % tp == 0) continue;
+    char ok[512] = "", pad[96] = "";
+    size_t len = 0;
+    for (int d = 1; d <= g && len < sizeof ok - 16; d++)
+      if (g % d == 0)
+        len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
+    if (!strcmp(need[i].name, "vocab"))
+      snprintf(pad, sizeof pad, "; or pad vocab to %d, a multiple of %d",
+               (c->vocab + tp - 1) / tp * tp, tp);
+    return zt_err_set(e, ZT_EINPUT,
+                      "%s: tp = %d does not divide %s = %d%s; tp values that "
+                      "work for this model: %s%s",
+                      k, tp, need[i].name, need[i].v, need[i].why, ok, pad);
+  }
+  return ZT_OK;
+}
+
+/* How the TP group cuts a tensor (Megatron): whole on every rank; by output
+ * rows (column-parallel, and vocab-parallel tables); by output rows in
+ * q,k,v thirds (gpt's fused qkv); by input columns (row-parallel). */
+typedef enum { WHOLE, ROWS, ROWS_QKV, COLS } cut;
+
 /* Appends one tensor; returns its index. */
-static int add(zt_model *m, zt_init_kind init, float std, int ndim, int64_t d0,
-               int64_t d1, const char *fmt, int layer) {
+static int add(zt_model *m, cut how, zt_init_kind init, float std, int ndim,
+               int64_t d0, int64_t d1, const char *fmt, int layer) {
   zt_param *p = &m->params[m->n_params];
   memset(p, 0, sizeof *p);
   snprintf(p->t.name, sizeof p->t.name, fmt, layer);
@@ -54,10 +92,14 @@ static int add(zt_model *m, zt_init_kind init, float std, int ndim, int64_t d0,
   p->t.ndim = ndim;
   p->t.shape[0] = d0;
   p->t.shape[1] = d1;
-  p->t.shard.dim = -1;
-  p->t.shard.groups = 1;
+  p->t.shard = (zt_shard){.dim = how == WHOLE ? -1 : how == COLS,
+                          .index = how == WHOLE ? 0 : m->tp_rank,
+                          .count = how == WHOLE ? 1 : m->tp_size,
+                          .groups = how == ROWS_QKV ? 3 : 1};
   p->t.offset = m->numel;
-  p->t.numel = zt_tensor_numel(&p->t);
+  int64_t ls[ZT_MAX_DIMS];
+  zt_shard_local_shape(&p->t, ls);
+  p->t.numel = ls[0] * ls[1] * ls[2] * ls[3];
   p->init = init;
   p->std = std;
   m->param_unit[m->n_params] = m->n_units - 1;
@@ -75,17 +117,25 @@ static void start_unit(zt_model *m) {
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
                     int tp_rank, zt_err *e) {
   int rc = zt_model_cfg_check(cfg, e);
+  if (!rc) rc = zt_model_tp_check(cfg, tp_size, e);
   if (rc) return rc;
+  if (tp_rank < 0 || tp_rank >= tp_size)
+    return zt_err_set(e, ZT_ERUNTIME, "tp rank %d outside the group of %d", tp_rank, tp_size);
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
   m->tp_size = tp_size;
   m->tp_rank = tp_rank;
   const zt_model_cfg *c = &m->cfg;
-  int gpt = c->arch == ZT_ARCH_GPT, C = c->dim, L = c->layers;
+  int gpt = c->arch == ZT_ARCH_GPT, C = c->dim, L = c->layers, F = c->ffn_dim;
   m->hd = C / c->heads;
-  m->qkv_rows = (c->heads + 2 * c->kv_heads) * m->hd;
-  m->hidden = c->ffn_dim;
-  m->fc_rows = gpt ? c->ffn_dim : 2 * c->ffn_dim;
+  m->heads = c->heads / tp_size;
+  m->kv_heads = c->kv_heads / tp_size;
+  m->att_dim = m->heads * m->hd;
+  m->qkv_rows = (m->heads + 2 * m->kv_heads) * m->hd;
+  m->hidden = F / tp_size;
+  m->fc_rows = gpt ? m->hidden : 2 * m->hidden;
+  m->vocab_local = c->vocab / tp_size;
+  m->vocab_start = tp_rank * m->vocab_local;
   size_t max_params = (size_t)(16 * L + 8), units = (size_t)L + 2;
   m->params = calloc(max_params, sizeof *m->params);
   m->param_unit = calloc(max_params, sizeof *m->param_unit);
@@ -102,41 +152,42 @@ int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
   const float sd = 0.02f, sd_res = 0.02f / sqrtf(2.0f * (float)L);
   const int64_t kvr = (int64_t)c->kv_heads * m->hd;
   start_unit(m);
-  m->embed_tok = add(m, ZT_INIT_NORMAL, sd, 2, c->vocab, C, "embed.tokens", 0);
-  m->embed_pos = gpt ? add(m, ZT_INIT_NORMAL, sd, 2, c->seq, C, "embed.positions", 0) : -1;
+  m->embed_tok = add(m, ROWS, ZT_INIT_NORMAL, sd, 2, c->vocab, C, "embed.tokens", 0);
+  m->embed_pos = gpt ? add(m, WHOLE, ZT_INIT_NORMAL, sd, 2, c->seq, C, "embed.positions", 0) : -1;
   for (int l = 0; l < L; l++) {
     zt_block_params *b = &m->blocks[l];
     memset(b, 0xff, sizeof *b); /* every index -1 */
     start_unit(m);
-    b->norm1_w = add(m, ZT_INIT_ONES, 0, 1, C, 0, "blocks.%d.norm1.weight", l);
-    if (gpt) b->norm1_b = add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.norm1.bias", l);
-    if (gpt) {
-      b->qkv_w = add(m, ZT_INIT_NORMAL, sd, 2, 3 * C, C, "blocks.%d.attn.qkv.weight", l);
-      b->qkv_b = add(m, ZT_INIT_ZEROS, 0, 1, 3 * C, 0, "blocks.%d.attn.qkv.bias", l);
-    } else { /* q, k, v adjacent: one GEMM computes all three */
-      b->qkv_w = add(m, ZT_INIT_NORMAL, sd, 2, C, C, "blocks.%d.attn.q.weight", l);
-      add(m, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.k.weight", l);
-      add(m, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.v.weight", l);
+    b->norm1_w = add(m, WHOLE, ZT_INIT_ONES, 0, 1, C, 0, "blocks.%d.norm1.weight", l);
+    if (gpt) b->norm1_b = add(m, WHOLE, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.norm1.bias", l);
+    if (gpt) { /* local rows: [q slice; k slice; v slice], as attn_fwd reads them */
+      b->qkv_w = add(m, ROWS_QKV, ZT_INIT_NORMAL, sd, 2, 3 * C, C, "blocks.%d.attn.qkv.weight", l);
+      b->qkv_b = add(m, ROWS_QKV, ZT_INIT_ZEROS, 0, 1, 3 * C, 0, "blocks.%d.attn.qkv.bias", l);
+    } else { /* q, k, v (local heads) adjacent: one GEMM computes all three */
+      b->qkv_w = add(m, ROWS, ZT_INIT_NORMAL, sd, 2, C, C, "blocks.%d.attn.q.weight", l);
+      add(m, ROWS, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.k.weight", l);
+      add(m, ROWS, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.v.weight", l);
     }
-    b->out_w = add(m, ZT_INIT_NORMAL, sd_res, 2, C, C, "blocks.%d.attn.out.weight", l);
-    if (gpt) b->out_b = add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.attn.out.bias", l);
-    b->norm2_w = add(m, ZT_INIT_ONES, 0, 1, C, 0, "blocks.%d.norm2.weight", l);
-    if (gpt) b->norm2_b = add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.norm2.bias", l);
+    /* row-parallel biases are whole: added once, after the sum over tp */
+    b->out_w = add(m, COLS, ZT_INIT_NORMAL, sd_res, 2, C, C, "blocks.%d.attn.out.weight", l);
+    if (gpt) b->out_b = add(m, WHOLE, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.attn.out.bias", l);
+    b->norm2_w = add(m, WHOLE, ZT_INIT_ONES, 0, 1, C, 0, "blocks.%d.norm2.weight", l);
+    if (gpt) b->norm2_b = add(m, WHOLE, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.norm2.bias", l);
     if (gpt) {
-      b->fc_w = add(m, ZT_INIT_NORMAL, sd, 2, c->ffn_dim, C, "blocks.%d.mlp.up.weight", l);
-      b->fc_b = add(m, ZT_INIT_ZEROS, 0, 1, c->ffn_dim, 0, "blocks.%d.mlp.up.bias", l);
-    } else { /* gate, up adjacent: one GEMM computes both */
-      b->fc_w = add(m, ZT_INIT_NORMAL, sd, 2, c->ffn_dim, C, "blocks.%d.mlp.gate.weight", l);
-      add(m, ZT_INIT_NORMAL, sd, 2, c->ffn_dim, C, "blocks.%d.mlp.up.weight", l);
+      b->fc_w = add(m, ROWS, ZT_INIT_NORMAL, sd, 2, F, C, "blocks.%d.mlp.up.weight", l);
+      b->fc_b = add(m, ROWS, ZT_INIT_ZEROS, 0, 1, F, 0, "blocks.%d.mlp.up.bias", l);
+    } else { /* gate, up (local slices) adjacent: one GEMM computes both */
+      b->fc_w = add(m, ROWS, ZT_INIT_NORMAL, sd, 2, F, C, "blocks.%d.mlp.gate.weight", l);
+      add(m, ROWS, ZT_INIT_NORMAL, sd, 2, F, C, "blocks.%d.mlp.up.weight", l);
     }
-    b->down_w = add(m, ZT_INIT_NORMAL, sd_res, 2, C, c->ffn_dim, "blocks.%d.mlp.down.weight", l);
-    if (gpt) b->down_b = add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.mlp.down.bias", l);
+    b->down_w = add(m, COLS, ZT_INIT_NORMAL, sd_res, 2, C, F, "blocks.%d.mlp.down.weight", l);
+    if (gpt) b->down_b = add(m, WHOLE, ZT_INIT_ZEROS, 0, 1, C, 0, "blocks.%d.mlp.down.bias", l);
   }
   start_unit(m);
-  m->final_w = add(m, ZT_INIT_ONES, 0, 1, C, 0, "final_norm.weight", 0);
-  m->final_b = gpt ? add(m, ZT_INIT_ZEROS, 0, 1, C, 0, "final_norm.bias", 0) : -1;
+  m->final_w = add(m, WHOLE, ZT_INIT_ONES, 0, 1, C, 0, "final_norm.weight", 0);
+  m->final_b = gpt ? add(m, WHOLE, ZT_INIT_ZEROS, 0, 1, C, 0, "final_norm.bias", 0) : -1;
   m->head = c->tied ? m->embed_tok
-                    : add(m, ZT_INIT_NORMAL, sd, 2, c->vocab, C, "head.weight", 0);
+                    : add(m, ROWS, ZT_INIT_NORMAL, sd, 2, c->vocab, C, "head.weight", 0);
   return ZT_OK;
 }
 
@@ -148,12 +199,13 @@ void zt_model_init_weights(zt_model *m, uint64_t seed) {
   for (int i = 0; i < m->n_params; i++) {
     const zt_param *p = &m->params[i];
     uint64_t key = zt_rng_key(seed, p->t.name);
-    /* each element depends only on its index: any thread order is the same */
+    /* each element depends only on its logical index: any thread order and
+     * any TP cut give the same values */
 #pragma omp parallel for
     for (int64_t j = 0; j < p->t.numel; j++)
       host[j] = p->init == ZT_INIT_ONES    ? 1.0f
                 : p->init == ZT_INIT_ZEROS ? 0.0f
-                                           : p->std * zt_rng_normal(key, (uint64_t)j);
+                : p->std * zt_rng_normal(key, (uint64_t)zt_shard_global_index(&p->t, j));
     m->be->upload(m->w + p->t.offset, host, (size_t)p->t.numel * sizeof *host);
   }
   free(host);
@@ -168,9 +220,11 @@ int zt_model_find(const zt_model *m, const char *name) {
 double zt_model_flops_per_token(const zt_model *m) {
   /* PaLM appendix B: 6 per parameter that takes part in a matmul (everything
    * but embeddings and norms, head included) plus 12*L*C*T for attention
-   * scores and values. */
+   * scores and values. Logical sizes: the same for any TP cut. */
   const zt_model_cfg *c = &m->cfg;
-  double per_layer = (double)c->dim * (m->qkv_rows + c->dim + m->fc_rows + m->hidden);
+  double qkv = (double)(c->heads + 2 * c->kv_heads) * m->hd;
+  double fc = c->arch == ZT_ARCH_GPT ? c->ffn_dim : 2.0 * c->ffn_dim;
+  double per_layer = (double)c->dim * (qkv + c->dim + fc + c->ffn_dim);
   double matmul = c->layers * per_layer;
   matmul += (double)c->vocab * c->dim;
   return 6 * matmul + 12.0 * c->layers * c->dim * c->seq;

@@ -2,7 +2,6 @@
 #include "src/train/optim.h"
 
 #include <math.h>
-#include <string.h>
 
 double zt_lr_at(const zt_lr *s, int64_t step) {
   if (s->kind == ZT_LR_CONSTANT) return s->value;
@@ -13,51 +12,51 @@ double zt_lr_at(const zt_lr *s, int64_t step) {
   return s->final + 0.5 * (s->peak - s->final) * (1 + cos(M_PI * progress));
 }
 
-int zt_optim_init(zt_optim *o, const zt_optim_cfg *cfg, const zt_model *m, zt_err *e) {
-  memset(o, 0, sizeof *o);
-  o->cfg = *cfg;
-  size_t bytes = (size_t)m->numel * sizeof(float);
-  o->m = m->be->alloc(bytes);
-  o->v = m->be->alloc(bytes);
-  if (!o->m || !o->v) {
-    zt_optim_free(o, m);
-    return zt_err_set(e, ZT_ERUNTIME, "out of memory for AdamW state (%.2f GiB)",
-                      2.0 * bytes / (1 << 30));
+/* Calls fn for the part of each tensor inside [r->lo, r->hi). */
+#define FOR_EACH_PIECE(m, r, desc, a, n, body)                              \
+  for (int i_ = 0; i_ < (m)->n_params; i_++) {                              \
+    const zt_tensor_desc *desc = &(m)->params[i_].t;                        \
+    int64_t s_ = desc->offset > (r)->lo ? desc->offset : (r)->lo;           \
+    int64_t e_ = desc->offset + desc->numel < (r)->hi ? desc->offset + desc->numel : (r)->hi; \
+    if (e_ <= s_) continue;                                                 \
+    int64_t a = s_ - (r)->lo, n = e_ - s_;                                  \
+    body                                                                    \
   }
-  return ZT_OK;
+
+double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r,
+                      int count_replicated, int count_any) {
+  double s = 0;
+  if (!count_any) return 0;
+  FOR_EACH_PIECE(m, r, t, a, n, {
+    int replicated = t->shard.dim < 0 || t->shard.count <= 1;
+    if (!replicated || count_replicated) s += m->be->sumsq(r->g + a, (size_t)n);
+  })
+  return s;
 }
 
-void zt_optim_free(zt_optim *o, const zt_model *m) {
-  m->be->free(o->m);
-  m->be->free(o->v);
-  o->m = o->v = NULL;
-}
-
-double zt_optim_clip(zt_optim *o, zt_model *m, double grad_sumsq) {
-  double norm = sqrt(grad_sumsq);
-  if (o->cfg.clip > 0) {
+double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
+                     const zt_optim_range *r, double global_sumsq) {
+  double norm = sqrt(global_sumsq);
+  if (c->clip > 0) {
     /* the same coefficient and epsilon as clip_grad_norm_ */
-    double coef = o->cfg.clip / (norm + 1e-6);
-    if (coef < 1) m->be->scale(m->g, (float)coef, (size_t)m->numel);
+    double coef = c->clip / (norm + 1e-6);
+    if (coef < 1) m->be->scale(r->g, (float)coef, (size_t)(r->hi - r->lo));
   }
   return norm;
 }
 
-double zt_optim_step(zt_optim *o, zt_model *m) {
-  const zt_optim_cfg *c = &o->cfg;
-  double lr = zt_lr_at(&c->lr, o->t);
-  o->t++;
-  zt_adamw_args a = {
+double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
+                       const zt_optim_range *r, int64_t t) {
+  double lr = zt_lr_at(&c->lr, t - 1);
+  zt_adamw_args args = {
       .b1 = (float)c->beta1, .c1 = (float)(1 - c->beta1),
       .b2 = (float)c->beta2, .c2 = (float)(1 - c->beta2),
       .eps = (float)c->eps,
-      .step = (float)(lr / (1 - pow(c->beta1, (double)o->t))),
-      .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)o->t))};
-  for (int i = 0; i < m->n_params; i++) {
-    const zt_tensor_desc *t = &m->params[i].t;
-    a.decay = (float)(1 - lr * (t->ndim >= 2 ? c->weight_decay : 0));
-    m->be->adamw(m->w + t->offset, m->g + t->offset, o->m + t->offset,
-                 o->v + t->offset, (size_t)t->numel, &a);
-  }
+      .step = (float)(lr / (1 - pow(c->beta1, (double)t))),
+      .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)t))};
+  FOR_EACH_PIECE(m, r, tensor, a, n, {
+    args.decay = (float)(1 - lr * (tensor->ndim >= 2 ? c->weight_decay : 0));
+    m->be->adamw(r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args);
+  })
   return lr;
 }

@@ -1,7 +1,8 @@
 /* optim: AdamW with PyTorch's semantics, the learning-rate schedule and
- * clipping by the global L2 norm. The optimizer state (exp_avg, exp_avg_sq)
- * lives in two flat buffers with the parameters' layout, so checkpoints and
- * ZeRO address it by the same tensor descriptors. */
+ * clipping by the global L2 norm. It updates a flat range [lo, hi) of the
+ * model's parameter layout — all of it on one rank, this rank's ZeRO shard
+ * otherwise — with the gradients and moments of that range, which the ZeRO
+ * engine (parallel/zero.h) owns. */
 #ifndef ZT_OPTIM_H
 #define ZT_OPTIM_H
 
@@ -30,21 +31,30 @@ typedef struct zt_optim_cfg {
   double clip; /* max global L2 norm; 0 = off */
 } zt_optim_cfg;
 
-typedef struct zt_optim {
-  zt_optim_cfg cfg;
-  float *m, *v;   /* device, the model's flat layout */
-  int64_t t;      /* optimizer steps taken */
-} zt_optim;
+/* A range of the flat layout with its buffers (device pointers, all
+ * indexed from lo). */
+typedef struct zt_optim_range {
+  int64_t lo, hi;
+  float *w, *g, *m, *v;
+} zt_optim_range;
 
-int zt_optim_init(zt_optim *o, const zt_optim_cfg *cfg, const zt_model *m, zt_err *e);
-void zt_optim_free(zt_optim *o, const zt_model *m);
+/* Sum of squared gradients over the range, counting each logical element
+ * once across the grid: tensors replicated over the TP group count only on
+ * TP rank 0 (count_replicated), and the caller passes count_any = 0 on
+ * ranks whose range duplicates another's (data parallelism without
+ * sharding). */
+double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r,
+                      int count_replicated, int count_any);
 
-/* Global L2 norm of the gradients (as torch.nn.utils.clip_grad_norm_ reports
- * it), from a sum of squares the caller has already reduced over ranks. */
-double zt_optim_clip(zt_optim *o, zt_model *m, double grad_sumsq);
+/* Clips by the global norm sqrt(global_sumsq) (as clip_grad_norm_) and
+ * returns the norm. */
+double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
+                     const zt_optim_range *r, double global_sumsq);
 
-/* One AdamW update at the schedule's LR for step o->t; returns the LR used.
- * Weight decay applies to tensors of two or more dimensions only. */
-double zt_optim_step(zt_optim *o, zt_model *m);
+/* One AdamW update of the range at step `t` (1-based, after this update);
+ * returns the LR used. Weight decay applies to tensors of two or more
+ * dimensions only. */
+double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
+                       const zt_optim_range *r, int64_t t);
 
 #endif

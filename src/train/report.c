@@ -54,9 +54,12 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   double step_tok_s = (double)st->tokens / (st->ms * 1e-3);
   double mfu = r->peak_flops > 0 ? 100.0 * step_tok_s * r->flops_per_token / r->peak_flops : 0;
 
-  write_json(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f}", "step", (json_int_t)st->step,
-                          "loss", st->loss, "lr", st->lr, "grad_norm", st->grad_norm,
-                          "tokens", (json_int_t)st->tokens, "ms", st->ms));
+  write_json(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:{s:I, s:I}, s:I}", "step",
+                          (json_int_t)st->step, "loss", st->loss, "lr", st->lr, "grad_norm",
+                          st->grad_norm, "tokens", (json_int_t)st->tokens, "ms", st->ms,
+                          "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
+                          (json_int_t)st->bytes_tp, "state_bytes",
+                          (json_int_t)st->state_bytes));
   int64_t done = st->step - r->first_step, left = r->total_steps - st->step;
   if (r->tty) {
     char eta[32];
@@ -69,9 +72,12 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   if (r->log_every > 0 && (st->step % r->log_every == 0 || !left)) {
     if (r->tty) fprintf(stderr, "\r\033[K");
     printf("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | %.1f ms | "
-           "%.0f tok/s | MFU %.1f%%\n",
+           "%.0f tok/s | MFU %.1f%%",
            (long long)st->step, (long long)r->total_steps, st->loss, st->lr,
            st->grad_norm, st->ms, step_tok_s, mfu);
+    if (st->bytes_dp || st->bytes_tp)
+      printf(" | dp %.2f MB tp %.2f MB", st->bytes_dp / 1e6, st->bytes_tp / 1e6);
+    printf("\n");
     fflush(stdout);
   }
 }

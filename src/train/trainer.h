@@ -1,14 +1,16 @@
 /* trainer: the step loop. A step runs the micro-batches of this rank's
- * slice of global batch k (gradient accumulation), reduces gradients and
- * the loss over the data-parallel group, clips by the global norm and
- * applies AdamW. The loss of a step is the mean over every token of the
- * global batch, whatever the layout. */
+ * slice of global batch k (gradient accumulation), lets the ZeRO engine
+ * reduce the gradients over the data-parallel group, clips by the global
+ * norm and applies AdamW to this rank's range. The loss of a step is the
+ * mean over every token of the global batch, whatever the layout. The
+ * trainer also connects the model's unit hooks to the ZeRO engine. */
 #ifndef ZT_TRAINER_H
 #define ZT_TRAINER_H
 
 #include <stdint.h>
 
-#include "parallel/comm.h"
+#include "parallel/grid.h"
+#include "parallel/zero.h"
 #include "src/data/data.h"
 #include "src/model/model.h"
 #include "src/train/optim.h"
@@ -25,25 +27,31 @@ typedef struct zt_train_cfg {
 typedef struct zt_step_stats {
   int64_t step; /* 1-based: optimizer steps done after this one */
   double loss, lr, grad_norm, ms;
-  int64_t tokens; /* tokens in this step's global batch */
+  int64_t tokens;                /* tokens in this step's global batch */
+  uint64_t bytes_dp, bytes_tp;   /* bytes this rank moved on each group */
+  int64_t state_bytes;           /* model states held by this rank */
 } zt_step_stats;
 
 typedef struct zt_trainer {
   zt_train_cfg cfg;
   zt_model *model;
-  zt_optim *optim;
-  zt_comm *dp; /* data-parallel group */
+  zt_grid *grid;
+  zt_zero zero;
+  int64_t t;        /* optimizer steps taken */
   zt_loader train, val;
   int has_val;
   int32_t *inputs, *targets; /* host, one micro-batch */
 } zt_trainer;
 
+/* Sets up the ZeRO engine over the model's flat buffers and the hooks.
+ * Call after the model's weights are initialised or loaded. */
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
-                    zt_optim *o, zt_comm *dp, const zt_tokens *train,
-                    const zt_tokens *val, int shuffle, zt_err *e);
+                    zt_grid *grid, const zt_zero_cfg *zero,
+                    const zt_tokens *train, const zt_tokens *val, int shuffle,
+                    zt_err *e);
 void zt_trainer_free(zt_trainer *t);
 
-/* One optimizer step on global batch o->t; fills *st. */
+/* One optimizer step on global batch t->t; fills *st. */
 void zt_trainer_step(zt_trainer *t, zt_step_stats *st);
 
 /* Mean loss per token over the first `batches` global batches of the

@@ -102,9 +102,27 @@ static void test_xent(void **state) {
   freep(logits); freep(loss);
 }
 
+/* The vocab-parallel steps on one shard (the whole row): the same
+ * functions as the fused kernel, but the sum of exps is handed on in float */
+static void test_xent_steps(void **state) {
+  (void)state;
+  int N = 8, V = 1000;
+  pair logits = randp((size_t)N * V, "xent.logits", 8.0);
+  pair loss = outp((size_t)N), stats = outp(3 * (size_t)N);
+  int32_t tgt[8] = {0, 1, 999, 500, 3, 77, 640, 12};
+  zt_cpu_f32_xent_max(stats.f, logits.f, N, V);
+  zt_cpu_f32_xent_sumexp(stats.f, logits.f, tgt, N, V, 0);
+  zt_cpu_f32_xent_finish(logits.f, loss.f, stats.f, tgt, N, V, 0, 0.5f);
+  zt_cpu_f64_xent_fwd_bwd(logits.d, loss.d, tgt, N, V, 0.5);
+  expect_same("xent steps loss", loss);
+  expect_same("xent steps dlogits", logits);
+  freep(logits); freep(loss); freep(stats);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gelu), cmocka_unit_test(test_swiglu),
-      cmocka_unit_test(test_attention), cmocka_unit_test(test_xent)};
+      cmocka_unit_test(test_attention), cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_xent_steps)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

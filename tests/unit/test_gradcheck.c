@@ -103,17 +103,17 @@ static double *numgrad(loss_fn f, void *ctx, double *x, size_t n) {
 }
 
 /* ----------------------------------------------------------------- embed */
-typedef struct { int B, T, C; int32_t *tok; double *wte, *wpe, *R, *out; } embed_ctx;
+typedef struct { int B, T, C, V; int32_t *tok; double *wte, *wpe, *R, *out; } embed_ctx;
 static double embed_loss(void *p) {
   embed_ctx *c = p;
-  zt_cpu_f64_embed_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+  zt_cpu_f64_embed_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C, 0, c->V);
   return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
 }
 
 static void test_embed(void **state) {
   (void)state;
   enum { B = 2, T = 4, C = 8, V = 5, N = B * T };
-  embed_ctx c = {B, T, C, keep(calloc(N, sizeof(int32_t))), randn(V * C, "wte", 0, 1),
+  embed_ctx c = {B, T, C, V, keep(calloc(N, sizeof(int32_t))), randn(V * C, "wte", 0, 1),
                  randn(T * C, "wpe", 0, 1), randn(N * C, "R", 0, 1), zeros(N * C)};
   /* N > V, so some token repeats and its dwte rows must sum */
   uint64_t key = zt_rng_key(42, "tok");
@@ -124,21 +124,69 @@ static void test_embed(void **state) {
       assert_true(c.out[n * C + k] == c.wte[c.tok[n] * C + k] + c.wpe[(n % T) * C + k]);
 
   double *dwte = zeros(V * C), *dwpe = zeros(T * C);
-  zt_cpu_f64_embed_bwd(dwte, dwpe, c.tok, c.R, B, T, C);
+  zt_cpu_f64_embed_bwd(dwte, dwpe, c.tok, c.R, B, T, C, 0, V);
   expect_close("embed dwte", relerr(dwte, numgrad(embed_loss, &c, c.wte, V * C), V * C), FD_TOL);
   expect_close("embed dwpe", relerr(dwpe, numgrad(embed_loss, &c, c.wpe, T * C), T * C), FD_TOL);
 
   /* parameter gradients accumulate: a second call doubles them */
   double *dwte1 = dup(dwte, V * C), *dwpe1 = dup(dwpe, T * C);
-  zt_cpu_f64_embed_bwd(dwte, dwpe, c.tok, c.R, B, T, C);
+  zt_cpu_f64_embed_bwd(dwte, dwpe, c.tok, c.R, B, T, C, 0, V);
   for (int i = 0; i < V * C; i++) assert_true(dwte[i] == 2 * dwte1[i]);
   for (int i = 0; i < T * C; i++) assert_true(dwpe[i] == 2 * dwpe1[i]);
 
   /* without positions: out = wte[tok], and dwpe = NULL is allowed */
-  zt_cpu_f64_embed_fwd(c.out, c.tok, c.wte, NULL, B, T, C);
+  zt_cpu_f64_embed_fwd(c.out, c.tok, c.wte, NULL, B, T, C, 0, V);
   for (int n = 0; n < N; n++) assert_true(c.out[n * C + 3] == c.wte[c.tok[n] * C + 3]);
-  zt_cpu_f64_embed_bwd(dwte, NULL, c.tok, c.R, B, T, C);
+  zt_cpu_f64_embed_bwd(dwte, NULL, c.tok, c.R, B, T, C, 0, V);
   for (int i = 0; i < V * C; i++) assert_true(fabs(dwte[i] - 3 * dwte1[i]) <= 1e-12);
+}
+
+/* Vocab-parallel: P shards of V/P table rows, shard s being rows
+ * [s*V/P, (s+1)*V/P) (a pointer into the whole table), positions passed to
+ * shard 0 only, outputs summed as the model's all-reduce does. */
+typedef struct { embed_ctx e; int P; double *part; } vp_embed_ctx;
+static double vp_embed_loss(void *p) {
+  vp_embed_ctx *c = p;
+  int Vl = c->e.V / c->P, C = c->e.C;
+  size_t NC = (size_t)c->e.B * c->e.T * C;
+  memset(c->e.out, 0, NC * sizeof(double));
+  for (int s = 0; s < c->P; s++) {
+    zt_cpu_f64_embed_fwd(c->part, c->e.tok, c->e.wte + (size_t)s * Vl * C,
+                         s ? NULL : c->e.wpe, c->e.B, c->e.T, C, s * Vl, Vl);
+    for (size_t i = 0; i < NC; i++) c->e.out[i] += c->part[i];
+  }
+  return dot(c->e.out, c->e.R, NC);
+}
+
+static void test_embed_vocab_parallel(void **state) {
+  (void)state;
+  enum { B = 2, T = 4, C = 8, V = 6, N = B * T };
+  embed_ctx w = {B, T, C, V, keep(calloc(N, sizeof(int32_t))), randn(V * C, "wte", 0, 1),
+                 randn(T * C, "wpe", 0, 1), randn(N * C, "R", 0, 1), zeros(N * C)};
+  for (int n = 0; n < N; n++) w.tok[n] = (int32_t)((n * 5 + 1) % V); /* every shard, repeats */
+  embed_loss(&w);
+  double *dwte = zeros(V * C), *dwpe = zeros(T * C);
+  zt_cpu_f64_embed_bwd(dwte, dwpe, w.tok, w.R, B, T, C, 0, V);
+
+  for (int P = 2; P <= 3; P++) {
+    vp_embed_ctx c = {w, P, zeros(N * C)};
+    c.e.out = zeros(N * C);
+    vp_embed_loss(&c);
+    /* one shard contributes the token row, the others exact zeros */
+    for (int i = 0; i < N * C; i++) assert_true(c.e.out[i] == w.out[i]);
+    /* each shard accumulates exactly its rows of dwte, and all of dwpe */
+    int Vl = V / P;
+    double *sdwte = zeros(V * C);
+    for (int s = 0; s < P; s++) {
+      double *sdwpe = zeros(T * C);
+      zt_cpu_f64_embed_bwd(sdwte + (size_t)s * Vl * C, sdwpe, w.tok, w.R, B, T, C, s * Vl, Vl);
+      for (int i = 0; i < T * C; i++) assert_true(sdwpe[i] == dwpe[i]);
+    }
+    for (int i = 0; i < V * C; i++) assert_true(sdwte[i] == dwte[i]);
+    char what[40];
+    snprintf(what, sizeof what, "embed %d shards: dwte FD", P);
+    expect_close(what, relerr(sdwte, numgrad(vp_embed_loss, &c, c.e.wte, V * C), V * C), FD_TOL);
+  }
 }
 
 /* ------------------------------------------------------- layernorm, rmsnorm */
@@ -398,11 +446,45 @@ static void test_attention_gqa(void **state) { (void)state; check_attention(4, 2
 static void test_attention_mqa(void **state) { (void)state; check_attention(4, 1, "H4/KV1"); }
 
 /* --------------------------------------------------------- cross-entropy */
-typedef struct { int N, V; int32_t *tgt; double *logits, *work, *loss; } xent_ctx;
+/* P = 0: the fused kernel; P >= 1: the three vocab-parallel steps on P
+ * column shards of V/P (in sh, shard s at sh + s*N*V/P, with its stats at
+ * st + s*3N), combined as the model's all-reduces do. */
+typedef struct { int N, V, P; int32_t *tgt; double *logits, *work, *loss, *sh, *st; } xent_ctx;
+
+static void xent_shards(xent_ctx *c, double dscale) {
+  int N = c->N, V = c->V, P = c->P, Vl = V / P;
+  for (int s = 0; s < P; s++) /* columns [s*Vl, (s+1)*Vl) of each row */
+    for (int n = 0; n < N; n++)
+      memcpy(c->sh + ((size_t)s * N + n) * Vl, c->work + (size_t)n * V + s * Vl, Vl * sizeof(double));
+  for (int s = 0; s < P; s++) zt_cpu_f64_xent_max(c->st + s * 3 * N, c->sh + (size_t)s * N * Vl, N, Vl);
+  for (int n = 0; n < N; n++) { /* all-reduce max */
+    double mx = c->st[n];
+    for (int s = 1; s < P; s++) mx = fmax(mx, c->st[s * 3 * N + n]);
+    for (int s = 0; s < P; s++) c->st[s * 3 * N + n] = mx;
+  }
+  for (int s = 0; s < P; s++)
+    zt_cpu_f64_xent_sumexp(c->st + s * 3 * N, c->sh + (size_t)s * N * Vl, c->tgt, N, Vl, s * Vl);
+  for (int i = N; i < 3 * N; i++) { /* all-reduce sum */
+    double sum = 0;
+    for (int s = 0; s < P; s++) sum += c->st[s * 3 * N + i];
+    for (int s = 0; s < P; s++) c->st[s * 3 * N + i] = sum;
+  }
+  for (int s = 0; s < P; s++) {
+    double *loss = s ? c->st + s * 3 * N : c->loss; /* stats are spent: reuse */
+    zt_cpu_f64_xent_finish(c->sh + (size_t)s * N * Vl, loss, c->st + s * 3 * N, c->tgt,
+                           N, Vl, s * Vl, dscale);
+    for (int n = 0; n < N; n++) assert_true(loss[n] == c->loss[n]); /* same on every shard */
+  }
+  for (int s = 0; s < P; s++)
+    for (int n = 0; n < N; n++)
+      memcpy(c->work + (size_t)n * V + s * Vl, c->sh + ((size_t)s * N + n) * Vl, Vl * sizeof(double));
+}
+
 static double xent_sum(void *p) {
   xent_ctx *c = p;
   memcpy(c->work, c->logits, sizeof(double) * c->N * c->V);
-  zt_cpu_f64_xent_fwd_bwd(c->work, c->loss, c->tgt, c->N, c->V, 1);
+  if (c->P) xent_shards(c, 1);
+  else zt_cpu_f64_xent_fwd_bwd(c->work, c->loss, c->tgt, c->N, c->V, 1);
   double s = 0;
   for (int n = 0; n < c->N; n++) s += c->loss[n];
   return s;
@@ -411,8 +493,8 @@ static double xent_sum(void *p) {
 static void test_xent(void **state) {
   (void)state;
   enum { N = 6, V = 7 };
-  xent_ctx c = {N, V, keep(calloc(N, sizeof(int32_t))), randn(N * V, "logits", 0, 2),
-                zeros(N * V), zeros(N)};
+  xent_ctx c = {N, V, 0, keep(calloc(N, sizeof(int32_t))), randn(N * V, "logits", 0, 2),
+                zeros(N * V), zeros(N), NULL, NULL};
   uint64_t key = zt_rng_key(42, "targets");
   for (int n = 0; n < N; n++) c.tgt[n] = (int32_t)zt_rng_below(key, n, V);
   xent_sum(&c);
@@ -432,6 +514,32 @@ static void test_xent(void **state) {
   zt_cpu_f64_xent_fwd_bwd(w, c.loss, c.tgt, N, V, 0.25);
   for (int n = 0; n < N; n++) assert_true(fabs(c.loss[n] - loss1[n]) <= 1e-9);
   for (int i = 0; i < N * V; i++) assert_true(fabs(w[i] - 0.25 * dl[i]) <= 1e-12);
+}
+
+static void test_xent_vocab_parallel(void **state) {
+  (void)state;
+  enum { N = 6, V = 12 };
+  xent_ctx w = {N, V, 0, keep(calloc(N, sizeof(int32_t))), randn(N * V, "logits", 0, 2),
+                zeros(N * V), zeros(N), zeros(N * V), zeros(4 * 3 * N)};
+  for (int n = 0; n < N; n++) w.tgt[n] = (int32_t)((n * 5 + 1) % V); /* in every shard */
+  xent_sum(&w);
+  double *loss = dup(w.loss, N), *dl = dup(w.work, N * V);
+  for (int P = 1; P <= 4; P++) {
+    xent_ctx c = w;
+    c.P = P;
+    c.loss = zeros(N);
+    c.work = zeros(N * V);
+    xent_sum(&c);
+    char what[48];
+    snprintf(what, sizeof what, "xent %d shards: loss", P);
+    expect_close(what, relerr(c.loss, loss, N), FWD_TOL);
+    snprintf(what, sizeof what, "xent %d shards: dlogits", P);
+    expect_close(what, relerr(c.work, dl, N * V), FWD_TOL);
+    if (P == 3) {
+      double *an = dup(c.work, N * V);
+      expect_close("xent 3 shards: dlogits FD", relerr(an, numgrad(xent_sum, &c, c.logits, N * V), N * V), FD_TOL);
+    }
+  }
 }
 
 /* ------------------------------------------------------- gemm and linear */
@@ -532,10 +640,12 @@ static void test_add_scale_sumsq(void **state) {
 int main(void) {
 #define T_(f) cmocka_unit_test_teardown(f, free_pool)
   const struct CMUnitTest tests[] = {
-      T_(test_embed),          T_(test_layernorm),        T_(test_rmsnorm),
+      T_(test_embed),          T_(test_embed_vocab_parallel),
+      T_(test_layernorm),      T_(test_rmsnorm),
       T_(test_bias),           T_(test_gelu),             T_(test_swiglu),
       T_(test_rope),           T_(test_attention_mha),    T_(test_attention_gqa),
-      T_(test_attention_mqa),  T_(test_xent),             T_(test_gemm_transposes),
+      T_(test_attention_mqa),  T_(test_xent),             T_(test_xent_vocab_parallel),
+      T_(test_gemm_transposes),
       T_(test_linear),         T_(test_adamw),            T_(test_add_scale_sumsq),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

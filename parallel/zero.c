@@ -1,0 +1,395 @@
+/* zero: see zero.h. */
+#include "parallel/zero.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GRAD_BUFFERS 3   /* stage >= 2: two buckets in flight + the tied unit's */
+#define GATHER_BUFFERS 3 /* stage 3: current, prefetched next, tied unit */
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Part of flat range [a, b) that dp rank r owns. */
+static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *from) {
+  int64_t lo = min64((int64_t)r * z->S, z->numel), hi = min64((int64_t)(r + 1) * z->S, z->numel);
+  int64_t s = max64(a, lo), t = min64(b, hi);
+  if (from) *from = s;
+  return t > s ? t - s : 0;
+}
+
+static float *alloc_f(zt_zero *z, int64_t n, int64_t *account) {
+  float *p = z->be->alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (p) *account += n * (int64_t)sizeof(float);
+  return p;
+}
+
+/* Buckets in backward order: units numbered down from the last, packed up
+ * to bucket_bytes (at least one unit each); the tied unit alone, since its
+ * gradients are written both first (by the head) and last. */
+static int plan_buckets(zt_zero *z) {
+  int n = z->u.n, nb = 0;
+  z->buckets = calloc((size_t)n, sizeof *z->buckets);
+  z->bucket_of = malloc((size_t)n * sizeof *z->bucket_of);
+  if (!z->buckets || !z->bucket_of) return -1;
+  int64_t cap = z->cfg.bucket_bytes / (int64_t)sizeof(float);
+  for (int u = n - 1; u >= 0; u--) {
+    zt_bucket *b = nb ? &z->buckets[nb - 1] : NULL;
+    int alone = u == z->u.tied_unit || (b && b->first == z->u.tied_unit);
+    if (!b || alone || b->hi - z->u.start[u] > cap) {
+      b = &z->buckets[nb++];
+      b->first = u;
+      b->hi = z->u.start[u] + z->u.numel[u];
+    }
+    b->last = u;
+    b->lo = z->u.start[u];
+    z->bucket_of[u] = nb - 1;
+  }
+  z->n_buckets = nb;
+  for (int i = 0; i < nb; i++) {
+    zt_bucket *b = &z->buckets[i];
+    b->buf = -1;
+    b->counts = malloc((size_t)z->dp->size * sizeof *b->counts);
+    if (!b->counts) return -1;
+    for (int r = 0; r < z->dp->size; r++) b->counts[r] = (int)owned(z, r, b->lo, b->hi, NULL);
+    if (b->hi - b->lo > z->buf_elems) z->buf_elems = b->hi - b->lo;
+    if (b->counts[z->dp->rank] > z->recv_elems) z->recv_elems = b->counts[z->dp->rank];
+  }
+  return 0;
+}
+
+int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
+                 zt_comm *dp, int64_t numel, const zt_zero_units *units,
+                 float *w_full, float *g_full, zt_err *e) {
+  memset(z, 0, sizeof *z);
+  z->cfg = *cfg;
+  z->be = be;
+  z->dp = dp;
+  z->u = *units;
+  z->numel = numel;
+  z->S = (numel + dp->size - 1) / dp->size;
+  z->counts = malloc((size_t)dp->size * sizeof *z->counts);
+  z->displs = malloc((size_t)dp->size * sizeof *z->displs);
+  if (!z->counts || !z->displs) return zt_err_set(e, ZT_ERUNTIME, "out of memory (ZeRO tables)");
+  for (int r = 0; r < dp->size; r++) {
+    int64_t from;
+    z->counts[r] = (int)owned(z, r, 0, numel, &from);
+    z->displs[r] = (int)from;
+  }
+  z->lo = z->displs[dp->rank];
+  z->hi = z->lo + z->counts[dp->rank];
+  z->w_full = w_full;
+  z->g_full = g_full;
+  int stage = cfg->stage;
+  int64_t opt_n = stage == 0 ? numel : z->hi - z->lo;
+  int ok = 1;
+  z->state_bytes = (stage < 3 ? numel : 0) * 4 + (stage < 2 ? numel : 0) * 4;
+  ok = ok && (z->m = alloc_f(z, opt_n, &z->state_bytes)) && (z->v = alloc_f(z, opt_n, &z->state_bytes));
+  if (stage >= 2) ok = ok && (z->g_shard = alloc_f(z, z->S, &z->state_bytes));
+  if (stage >= 3) ok = ok && (z->w_shard = alloc_f(z, z->S, &z->state_bytes));
+  if (ok && stage >= 2) {
+    int n = units->n;
+    z->bwd_uses_left = calloc((size_t)n, sizeof(int));
+    ok = z->bwd_uses_left && plan_buckets(z) == 0;
+    z->n_bufs = GRAD_BUFFERS;
+    z->bufs = calloc(GRAD_BUFFERS, sizeof *z->bufs);
+    z->recv = calloc(GRAD_BUFFERS, sizeof *z->recv);
+    z->buf_busy = calloc(GRAD_BUFFERS, sizeof *z->buf_busy);
+    ok = ok && z->bufs && z->recv && z->buf_busy;
+    for (int i = 0; ok && i < GRAD_BUFFERS; i++)
+      ok = (z->bufs[i] = alloc_f(z, z->buf_elems, &z->buffer_bytes)) &&
+           (z->recv[i] = alloc_f(z, z->recv_elems, &z->buffer_bytes));
+  }
+  if (ok && stage >= 3) {
+    int n = units->n;
+    for (int u = 0; u < n; u++)
+      if (units->numel[u] > z->gbuf_elems) z->gbuf_elems = units->numel[u];
+    z->n_gbufs = GATHER_BUFFERS;
+    z->gbufs = calloc(GATHER_BUFFERS, sizeof *z->gbufs);
+    z->gbuf_unit = malloc(GATHER_BUFFERS * sizeof(int));
+    z->unit_gbuf = malloc((size_t)n * sizeof(int));
+    z->unit_req = calloc((size_t)n, sizeof *z->unit_req);
+    z->unit_gathering = calloc((size_t)n, sizeof(int));
+    z->unit_keep = calloc((size_t)n, sizeof(int));
+    z->fwd_uses = calloc((size_t)n, sizeof(int));
+    z->unit_counts = malloc((size_t)n * 2 * dp->size * sizeof(int));
+    ok = z->gbufs && z->gbuf_unit && z->unit_gbuf && z->unit_req && z->unit_gathering &&
+         z->unit_keep && z->fwd_uses && z->unit_counts;
+    for (int u = 0; ok && u < n; u++) {
+      int *counts = z->unit_counts + (size_t)u * 2 * dp->size, *displs = counts + dp->size;
+      int64_t a = units->start[u], b = a + units->numel[u];
+      for (int r = 0; r < dp->size; r++) {
+        int64_t from;
+        counts[r] = (int)owned(z, r, a, b, &from);
+        displs[r] = (int)(counts[r] ? from - a : 0);
+      }
+    }
+    for (int i = 0; ok && i < GATHER_BUFFERS; i++) {
+      ok = (z->gbufs[i] = alloc_f(z, z->gbuf_elems, &z->buffer_bytes)) != NULL;
+      if (ok) z->gbuf_unit[i] = -1;
+    }
+    for (int u = 0; ok && u < n; u++) z->unit_gbuf[u] = -1;
+  }
+  if (!ok) {
+    zt_zero_free(z);
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory for ZeRO stage %d state", stage);
+  }
+  return ZT_OK;
+}
+
+void zt_zero_free(zt_zero *z) {
+  if (!z->be) return;
+  z->be->free(z->m);
+  z->be->free(z->v);
+  z->be->free(z->g_shard);
+  z->be->free(z->w_shard);
+  for (int i = 0; z->bufs && i < z->n_bufs; i++) {
+    z->be->free(z->bufs[i]);
+    z->be->free(z->recv[i]);
+  }
+  for (int i = 0; z->gbufs && i < z->n_gbufs; i++) z->be->free(z->gbufs[i]);
+  for (int i = 0; z->buckets && i < z->n_buckets; i++) free(z->buckets[i].counts);
+  free(z->buckets);
+  free(z->bucket_of);
+  free(z->bufs);
+  free(z->recv);
+  free(z->buf_busy);
+  free(z->bwd_uses_left);
+  free(z->gbufs);
+  free(z->gbuf_unit);
+  free(z->unit_gbuf);
+  free(z->unit_req);
+  free(z->unit_gathering);
+  free(z->unit_keep);
+  free(z->fwd_uses);
+  free(z->unit_counts);
+  free(z->counts);
+  free(z->displs);
+  memset(z, 0, sizeof *z);
+}
+
+void zt_zero_shard_weights(zt_zero *z) {
+  z->be->copy(z->w_shard, z->w_full + z->lo, (size_t)(z->hi - z->lo));
+  z->w_full = NULL;
+}
+
+/* ---- stage >= 2: gradient buckets ------------------------------------- */
+
+/* A reduced bucket: add this rank's part into the shard, free its buffer. */
+static void finish_bucket(zt_zero *z, zt_bucket *b) {
+  zt_comm_wait(&b->req);
+  int64_t from, n = owned(z, z->dp->rank, b->lo, b->hi, &from);
+  if (n) z->be->add(z->g_shard + (from - z->lo), z->recv[b->buf], (size_t)n);
+  z->buf_busy[b->buf] = 0;
+  b->buf = -1;
+  b->in_flight = 0;
+}
+
+/* Lets MPI move in-flight reductions on; finishes the ones that are done. */
+static void progress(zt_zero *z) {
+  for (int i = 0; i < z->n_buckets; i++) {
+    zt_bucket *b = &z->buckets[i];
+    if (b->in_flight && zt_comm_test(&b->req)) finish_bucket(z, b);
+  }
+}
+
+static int acquire_buffer(zt_zero *z) {
+  for (;;) {
+    for (int i = 0; i < z->n_bufs; i++)
+      if (!z->buf_busy[i]) {
+        z->buf_busy[i] = 1;
+        return i;
+      }
+    /* all busy: wait for the oldest reduction (lowest seq) */
+    zt_bucket *oldest = NULL;
+    for (int i = 0; i < z->n_buckets; i++)
+      if (z->buckets[i].in_flight && (!oldest || z->buckets[i].req.seq < oldest->req.seq))
+        oldest = &z->buckets[i];
+    finish_bucket(z, oldest);
+  }
+}
+
+static float *open_grads(zt_zero *z, int unit) {
+  zt_bucket *b = &z->buckets[z->bucket_of[unit]];
+  if (!b->open) {
+    /* last micro-batch's reduction of this bucket must be done with its
+     * buffer before backward writes here again */
+    if (b->in_flight) finish_bucket(z, b);
+    b->open = 1;
+    b->buf = acquire_buffer(z);
+    z->be->zero(z->bufs[b->buf], (size_t)(b->hi - b->lo));
+    b->pending = b->first - b->last + 1;
+  }
+  return z->bufs[b->buf] + (z->u.start[unit] - b->lo);
+}
+
+static void close_grads(zt_zero *z, int unit) {
+  if (--z->bwd_uses_left[unit] > 0) return; /* the tied unit: used again later */
+  zt_bucket *b = &z->buckets[z->bucket_of[unit]];
+  if (--b->pending > 0) return;
+  b->open = 0;
+  zt_comm_ireduce_scatter_f32(z->dp, z->bufs[b->buf], z->recv[b->buf], b->counts, &b->req);
+  b->in_flight = 1;
+  if (!z->cfg.overlap) finish_bucket(z, b);
+}
+
+/* ---- stage 3: gathered units ------------------------------------------ */
+
+static void start_gather(zt_zero *z, int unit) {
+  if (unit < 0 || unit >= z->u.n || z->unit_gbuf[unit] >= 0) return;
+  int k = -1;
+  for (int i = 0; i < z->n_gbufs && k < 0; i++)
+    if (z->gbuf_unit[i] < 0) k = i;
+  if (k < 0) return; /* no room to prefetch: gather when needed */
+  z->gbuf_unit[k] = unit;
+  z->unit_gbuf[unit] = k;
+  int64_t a = z->u.start[unit];
+  /* MPI reads the count arrays until the gather completes: they persist */
+  int *counts = z->unit_counts + (size_t)unit * 2 * z->dp->size, *displs = counts + z->dp->size;
+  int me = z->dp->rank;
+  if (counts[me])
+    z->be->copy(z->gbufs[k] + displs[me], z->w_shard + (a + displs[me] - z->lo), (size_t)counts[me]);
+  zt_comm_iallgather_f32(z->dp, z->gbufs[k], counts, displs, &z->unit_req[unit]);
+  z->unit_gathering[unit] = 1;
+}
+
+static void release_unit(zt_zero *z, int unit) {
+  int k = z->unit_gbuf[unit];
+  if (k < 0) return;
+  if (z->unit_gathering[unit]) zt_comm_wait(&z->unit_req[unit]);
+  z->unit_gathering[unit] = 0;
+  z->gbuf_unit[k] = -1;
+  z->unit_gbuf[unit] = -1;
+}
+
+/* Gathers the unit if needed; with `prefetch`, starts gathering the unit
+ * the pass uses next. */
+static float *use_weights(zt_zero *z, int unit, int backward, int prefetch) {
+  if (z->unit_gbuf[unit] < 0) {
+    /* the buffers may all hold prefetches: make room */
+    int free_one = 0;
+    for (int i = 0; i < z->n_gbufs; i++) free_one |= z->gbuf_unit[i] < 0;
+    for (int i = 0; !free_one && i < z->n_gbufs; i++)
+      if (!z->unit_keep[z->gbuf_unit[i]]) {
+        release_unit(z, z->gbuf_unit[i]);
+        free_one = 1;
+      }
+    start_gather(z, unit);
+  }
+  if (z->unit_gathering[unit]) {
+    zt_comm_wait(&z->unit_req[unit]);
+    z->unit_gathering[unit] = 0;
+  }
+  int next = backward ? unit - 1 : unit + 1;
+  if (!backward && unit == z->u.final_unit) next = -1;
+  if (prefetch && next >= 0 && next < z->u.n) start_gather(z, next);
+  return z->gbufs[z->unit_gbuf[unit]];
+}
+
+/* ---- hooks ------------------------------------------------------------- */
+
+void zt_zero_microbatch_begin(zt_zero *z) {
+  for (int u = 0; z->bwd_uses_left && u < z->u.n; u++)
+    z->bwd_uses_left[u] = u == z->u.tied_unit ? 2 : 1;
+  for (int u = 0; z->fwd_uses && u < z->u.n; u++) {
+    z->fwd_uses[u] = 0;
+    if (z->unit_keep[u]) {
+      z->unit_keep[u] = 0;
+      release_unit(z, u);
+    }
+  }
+}
+
+void zt_zero_before(zt_zero *z, int unit, int backward, float **w, float **g) {
+  int64_t s = z->u.start[unit];
+  if (z->cfg.stage < 3) {
+    *w = z->w_full + s;
+  } else {
+    /* the tied unit used by the head: kept through backward, and not a
+     * step of the pass that would call for a prefetch */
+    int head_use = unit == z->u.tied_unit && (backward ? z->bwd_uses_left[unit] == 2
+                                                        : ++z->fwd_uses[unit] == 2);
+    if (head_use && !backward) z->unit_keep[unit] = 1;
+    *w = use_weights(z, unit, backward, !head_use);
+  }
+  if (z->cfg.stage < 2) *g = z->g_full + s;
+  else if (backward) *g = open_grads(z, unit);
+  if (z->cfg.stage >= 2) progress(z);
+}
+
+void zt_zero_after(zt_zero *z, int unit, int backward) {
+  if (z->cfg.stage >= 2 && backward) close_grads(z, unit);
+  if (z->cfg.stage >= 3) {
+    int last_bwd = backward && (z->bwd_uses_left[unit] == 0);
+    if (!z->unit_keep[unit] || last_bwd) {
+      z->unit_keep[unit] = 0;
+      release_unit(z, unit);
+    }
+  }
+  if (z->cfg.stage >= 2) progress(z);
+}
+
+/* ---- step -------------------------------------------------------------- */
+
+void zt_zero_grads_begin(zt_zero *z) {
+  if (z->cfg.stage < 2) z->be->zero(z->g_full, (size_t)z->numel);
+  else z->be->zero(z->g_shard, (size_t)z->S);
+}
+
+void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
+  zt_req r;
+  switch (z->cfg.stage) {
+    case 0:
+      zt_comm_iallreduce_f32(z->dp, z->g_full, (size_t)z->numel, &r);
+      zt_comm_wait(&r);
+      *w = z->w_full;
+      *g = z->g_full;
+      return;
+    case 1:
+      /* in place: this rank's part lands at the start of g_full */
+      zt_comm_ireduce_scatter_f32(z->dp, z->g_full, z->g_full, z->counts, &r);
+      zt_comm_wait(&r);
+      *w = z->w_full + z->lo;
+      *g = z->g_full;
+      return;
+    default:
+      for (int i = 0; i < z->n_buckets; i++)
+        if (z->buckets[i].in_flight) finish_bucket(z, &z->buckets[i]);
+      *w = z->cfg.stage == 2 ? z->w_full + z->lo : z->w_shard;
+      *g = z->g_shard;
+  }
+}
+
+void zt_zero_params_sync(zt_zero *z) {
+  if (z->cfg.stage != 1 && z->cfg.stage != 2) return;
+  zt_req r;
+  zt_comm_iallgather_f32(z->dp, z->w_full, z->counts, z->displs, &r);
+  zt_comm_wait(&r);
+}
+
+/* ---- checkpoints --------------------------------------------------------- */
+
+static float *state_part(zt_zero *z, int which, int *full) {
+  *full = which == 0 ? z->cfg.stage < 3 : z->cfg.stage == 0;
+  return which == 0 ? (z->cfg.stage < 3 ? z->w_full : z->w_shard) : which == 1 ? z->m : z->v;
+}
+
+void zt_zero_gather_state(zt_zero *z, int which, float *full) {
+  int whole;
+  float *src = state_part(z, which, &whole);
+  if (whole) {
+    if (full != src) z->be->copy(full, src, (size_t)z->numel);
+    return;
+  }
+  zt_comm_gatherv_f32(z->dp, src, full, z->counts, z->displs, 0);
+}
+
+void zt_zero_scatter_state(zt_zero *z, int which, const float *full) {
+  int whole;
+  float *dst = state_part(z, which, &whole);
+  if (whole) {
+    if (full != dst) z->be->copy(dst, full, (size_t)z->numel);
+  } else {
+    z->be->copy(dst, full + z->lo, (size_t)(z->hi - z->lo));
+  }
+}

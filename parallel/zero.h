@@ -1,0 +1,121 @@
+/* zero: ZeRO data parallelism over one flat buffer of Ψ elements (this TP
+ * rank's parameters). Data-parallel rank r owns the flat range
+ * [r*S, (r+1)*S), S = ceil(Ψ/dp), of the optimizer state (stage >= 1), of
+ * the gradients (stage >= 2) and of the parameters (stage 3).
+ *   stage 0: full gradients, all-reduced after the last micro-batch;
+ *   stage 1: full gradients, reduce-scattered once per step; the optimizer
+ *            updates this rank's range; parameters all-gathered after;
+ *   stage 2: gradients only as shards: each unit's gradients go to a bucket
+ *            buffer, reduce-scattered (non-blocking, overlapped with the
+ *            rest of backward) as soon as the bucket's units are final;
+ *   stage 3: parameters sharded too: each unit is all-gathered just before
+ *            use in forward and again in backward (the next unit prefetched)
+ *            and released after use.
+ * The engine knows units (contiguous flat ranges the model uses as a
+ * whole), not models: the trainer connects the model's hooks to
+ * zt_zero_before/after. */
+#ifndef ZT_ZERO_H
+#define ZT_ZERO_H
+
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "parallel/comm.h"
+#include "src/core/err.h"
+
+typedef struct zt_zero_cfg {
+  int stage;
+  int64_t bucket_bytes; /* stage >= 2: gradient bucket size */
+  int overlap;          /* stage >= 2: reduce while backward goes on */
+} zt_zero_cfg;
+
+typedef struct zt_zero_units {
+  int n;
+  const int64_t *start, *numel; /* flat range of each unit */
+  int tied_unit;                /* unit used again by the final unit (tied head), or -1 */
+  int final_unit;               /* the unit whose phases use tied_unit */
+} zt_zero_units;
+
+typedef struct zt_bucket {
+  int first, last;     /* units, first > last (backward order) or equal */
+  int64_t lo, hi;      /* flat range */
+  int pending;         /* units whose last backward use is still to come */
+  int open;            /* backward is writing its gradients */
+  int buf;             /* pool buffer while open or in flight, else -1 */
+  int *counts;         /* per dp rank: part of [lo, hi) it owns */
+  zt_req req;
+  int in_flight;
+} zt_bucket;
+
+typedef struct zt_zero {
+  zt_zero_cfg cfg;
+  const zt_backend *be;
+  zt_comm *dp;
+  zt_zero_units u;
+  int64_t numel, S, lo, hi; /* Ψ, shard size, this rank's range */
+  int *counts, *displs;     /* shard of each dp rank */
+
+  float *w_full, *g_full;   /* stage < 3 / stage < 2; owned by the model */
+  float *w_shard, *g_shard; /* stage 3 / stage >= 2 */
+  float *m, *v;             /* AdamW state for [lo, hi) (all of Ψ at stage 0) */
+
+  /* stage >= 2: gradient buckets */
+  int n_buckets, *bucket_of;
+  zt_bucket *buckets;
+  int n_bufs;
+  float **bufs, **recv;
+  int *buf_busy;
+  int64_t buf_elems, recv_elems;
+  int *bwd_uses_left; /* per unit, this micro-batch */
+
+  /* stage 3: gathered units */
+  int n_gbufs;
+  float **gbufs;
+  int *gbuf_unit;     /* unit in each gather buffer, -1 free */
+  int *unit_gbuf;     /* gather buffer of each unit, -1 none */
+  zt_req *unit_req;   /* gather in flight per unit */
+  int *unit_gathering;
+  int *unit_keep;     /* tied unit: stays until its last backward use */
+  int *fwd_uses;      /* per unit, this micro-batch */
+  int *unit_counts;   /* per unit: gather counts then displacements per dp rank */
+  int64_t gbuf_elems;
+
+  int64_t state_bytes, buffer_bytes; /* model states; gather + bucket buffers */
+} zt_zero;
+
+/* w_full/g_full: the model's full flat buffers (Ψ elements each). At stage
+ * 3 the caller initialises or loads w_full, then calls zt_zero_shard_weights
+ * and may free both; at stage 2 it may free g_full. */
+int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
+                 zt_comm *dp, int64_t numel, const zt_zero_units *units,
+                 float *w_full, float *g_full, zt_err *e);
+void zt_zero_free(zt_zero *z);
+
+/* Stage 3: keeps this rank's range of w_full, which may then be freed. */
+void zt_zero_shard_weights(zt_zero *z);
+
+/* Start of a micro-batch (resets per-micro-batch use counts). */
+void zt_zero_microbatch_begin(zt_zero *z);
+
+/* Around each use of a unit; return where its weights/gradients are. */
+void zt_zero_before(zt_zero *z, int unit, int backward, float **w, float **g);
+void zt_zero_after(zt_zero *z, int unit, int backward);
+
+/* Start of a step: zero the gradients this rank accumulates. */
+void zt_zero_grads_begin(zt_zero *z);
+/* After the last micro-batch: finish the gradient reduction. Afterwards
+ * *g points at the summed gradients of [z->lo, z->hi) (stage 0: of all Ψ,
+ * lo = 0, hi = Ψ) and *w at the parameters of that range. */
+void zt_zero_grads_end(zt_zero *z, float **w, float **g);
+/* After the optimizer: make every rank's full parameters current again
+ * (stages 1 and 2; nothing to do at 0 and 3). */
+void zt_zero_params_sync(zt_zero *z);
+
+/* Checkpoint support: the full Ψ-element buffer of parameters (which = 0),
+ * exp_avg (1) or exp_avg_sq (2) on dp rank 0 (`full` on other ranks is
+ * scratch of Ψ elements), and the reverse (every rank passes the full
+ * buffer and keeps its part). */
+void zt_zero_gather_state(zt_zero *z, int which, float *full);
+void zt_zero_scatter_state(zt_zero *z, int which, const float *full);
+
+#endif
