@@ -30,7 +30,8 @@ end
 local function nearest(key, known)
   local best, bestd
   for _, k in ipairs(known) do
-    local d = distance(key, k)
+    -- a shortened key ("bucket" for "bucket_bytes") counts as a near miss
+    local d = (#key >= 3 and k:sub(1, #key) == key) and 1 or distance(key, k)
     if not bestd or d < bestd then best, bestd = k, d end
   end
   if best and bestd <= math.max(2, #key // 3) then return best end

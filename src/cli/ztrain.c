@@ -203,7 +203,9 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
          omp_get_max_threads(), z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
          (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
-         p->train.peak_gflops > 0 ? "train.peak_gflops" : "measured SGEMM");
+         p->train.peak_gflops > 0 ? "train.peak_gflops"
+         : rep->peak_flops > 0    ? "measured SGEMM"
+                                  : "not measured: log_every = 0");
   fflush(stdout);
 }
 
@@ -258,6 +260,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     zt_step_stats st;
     zt_trainer_step(&tr, &st);
     st.state_bytes = tr.zero.state_bytes;
+    st.buffer_bytes = tr.zero.buffer_bytes;
     zt_report_step(&rep, &st);
     int last = st.step == plan.train.steps;
     if (tr.has_val && ((plan.train.eval_every && st.step % plan.train.eval_every == 0) || last))

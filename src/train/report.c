@@ -54,12 +54,13 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   double step_tok_s = (double)st->tokens / (st->ms * 1e-3);
   double mfu = r->peak_flops > 0 ? 100.0 * step_tok_s * r->flops_per_token / r->peak_flops : 0;
 
-  write_json(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:{s:I, s:I}, s:I}", "step",
+  write_json(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:{s:I, s:I}, s:I, s:I}", "step",
                           (json_int_t)st->step, "loss", st->loss, "lr", st->lr, "grad_norm",
                           st->grad_norm, "tokens", (json_int_t)st->tokens, "ms", st->ms,
                           "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
                           (json_int_t)st->bytes_tp, "state_bytes",
-                          (json_int_t)st->state_bytes));
+                          (json_int_t)st->state_bytes, "buffer_bytes",
+                          (json_int_t)st->buffer_bytes));
   int64_t done = st->step - r->first_step, left = r->total_steps - st->step;
   if (r->tty) {
     char eta[32];

@@ -30,6 +30,7 @@ typedef struct zt_step_stats {
   int64_t tokens;                /* tokens in this step's global batch */
   uint64_t bytes_dp, bytes_tp;   /* bytes this rank moved on each group */
   int64_t state_bytes;           /* model states held by this rank */
+  int64_t buffer_bytes;          /* ZeRO gather and bucket buffers */
 } zt_step_stats;
 
 typedef struct zt_trainer {

@@ -98,9 +98,24 @@ expect 2 "tensor embed.positions has shape [16, 32], the model expects [32, 32]"
 expect 2 "is not an HDF5 file" 1 "$(base "")" --load ok.bin
 expect 2 "--save nowhere/x.h5: cannot write to folder nowhere" 1 "$(base "")" --save nowhere/x.h5
 
+expect 2 "parallel.zero must be a stage 0, 1, 2 or 3 (got 5)" 1 "$(base "parallel = {zero = 5}")"
+expect 2 "parallel.zero: unknown key 'bucket' (did you mean 'bucket_bytes'?)" 1 \
+  "$(base "parallel = {zero = {stage = 2, bucket = 1}}")"
+
 if [ -n "$MPIRUN" ]; then
   run_cases 2
-  expect 2 "dp*tp*pp = 3*1*1 = 3 but the world has 2 ranks" 2 "$(base "parallel = {dp = 3}")"
+  expect 2 "dp*tp*pp = 3*1*1 = 3 but the world has 2 ranks; run with -np 3" 2 "$(base "parallel = {dp = 3}")"
+  expect 2 "world size 2 is not divisible by tp*pp = 4*1 = 4" 2 "$(base "parallel = {tp = 4}")"
+  expect 2 "tp = 2 does not divide heads = 3; tp values that work for this model: 1, 3" 2 \
+    "$(base "model = zt.gpt{vocab = 258, seq = 16, dim = 48, layers = 1, heads = 3}; parallel = {tp = 2}")"
+  expect 2 "kv_heads" 2 \
+    "$(base "model = zt.llama{vocab = 256, seq = 16, dim = 64, layers = 1, heads = 4, kv_heads = 1}; parallel = {tp = 2}")"
+  expect 2 "ffn_dim" 2 \
+    "$(base "model = zt.llama{vocab = 256, seq = 16, dim = 64, layers = 1, heads = 4, ffn_dim = 33}; parallel = {tp = 2}")"
+  expect 2 "vocab" 2 \
+    "$(base "model = zt.gpt{vocab = 255, seq = 16, dim = 32, layers = 1, heads = 2}; parallel = {tp = 2}")"
+  expect 2 "global_batch 2 is not divisible by micro_batch*dp = 2*2 = 4" 2 \
+    "$(base "train.micro_batch = 2; train.global_batch = 2")"
 fi
 
 echo "$pass passed, $fail failed"

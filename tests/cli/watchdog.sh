@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A hang becomes a report: rank 1 skips the third collective of the world
+# group (a test hook); with parallel.timeout = 2 the job must end within a
+# minute, non-zero, with each stuck rank naming the operation, the sequence
+# number, the group and the rank that has not arrived.
+# Usage: watchdog.sh ZTRAIN MPIRUN...
+set -u
+Z=$(realpath "$1"); shift
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+/usr/bin/python3 -c "
+import numpy as np
+np.random.randint(0, 256, 5000).astype('<u2').tofile('tok.bin')"
+cat > run.lua <<'LUA'
+local zt = require "ztrain"
+model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2}
+train = {micro_batch = 1, global_batch = 2, steps = 20, log_every = 0}
+data = {train = "tok.bin"}
+parallel = {timeout = 2}
+LUA
+start=$(date +%s)
+ZT_TEST_SKIP_COLLECTIVE="1:world:3" timeout 60 "$@" -x ZT_TEST_SKIP_COLLECTIVE -np 2 "$Z" run.lua \
+  > out.txt 2> err.txt
+rc=$?
+took=$(( $(date +%s) - start ))
+fail=0
+expect() { grep -qF -- "$1" err.txt || { echo "FAIL: no line with '$1'"; fail=1; }; }
+[ "$rc" != 0 ] && [ "$rc" != 124 ] || { echo "FAIL: exit code $rc (124 = hung until timeout)"; fail=1; }
+expect "ztrain: watchdog: rank 0: allreduce #3 on group world (2 ranks) has waited"
+expect "rank 1 has not arrived: it is at #2 on world, waiting in allreduce #"
+expect "ztrain: watchdog: rank 1: allreduce #"
+[ "$fail" = 0 ] || sed 's/^/    stderr: /' err.txt | head -20
+echo "ended after ${took}s with exit code $rc"
+[ "$fail" = 0 ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+[ "$fail" = 0 ]
