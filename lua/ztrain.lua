@@ -119,6 +119,8 @@ end
 
 local model_mt = { __name = "ztrain.model" }
 
+M.schedule = require "ztrain_schedule"
+
 local common_model = {
   vocab = { integer(1), required = true },
   seq = { integer(1), required = true },
@@ -227,6 +229,15 @@ local specs = {
     zero = { zero_value, default = 0 },
     order = { oneof("tp-dp-pp"), default = "tp-dp-pp" },
     timeout = { number(true), default = 1800.0 },
+    stages = { function(v)
+      if type(v) ~= "table" then return nil, "a list of {first, last} block ranges" end
+      for i, r in ipairs(v) do
+        if type(r) ~= "table" or math.type(r[1]) ~= "integer" or math.type(r[2]) ~= "integer" then
+          return nil, string.format("a list of {first, last} block ranges (entry %d is not)", i)
+        end
+      end
+      return v
+    end },
   },
   train = {
     micro_batch = { integer(1), default = 1 },
@@ -258,7 +269,62 @@ local specs = {
 }
 
 local optional = { parallel = true, checkpoint = true }
-local globals = { "model", "parallel", "train", "data", "checkpoint" }
+local globals = { "model", "parallel", "train", "data", "checkpoint", "schedule" }
+
+-- Blocks of each virtual stage (pp * chunks of them, in pipeline order):
+-- the user's list, checked to be an ordered cover of all blocks, or a
+-- balanced split that gives spare blocks to the middle stages first (the
+-- first carries the embedding, the last the head and the loss).
+local function partition(fail, layers, pp, chunks, explicit)
+  local V = pp * chunks
+  local out = {}
+  if explicit then
+    if #explicit ~= V then
+      fail(string.format("parallel.stages has %d entries; pp * chunks = %d * %d = %d stages need one each",
+                         #explicit, pp, chunks, V))
+    end
+    local nxt = 0
+    for i, r in ipairs(explicit) do
+      local first, last = r[1], r[2]
+      if last < first then
+        fail(string.format("parallel.stages[%d] = {%d, %d} is empty: every stage needs at least one block",
+                           i, first, last))
+      end
+      if first ~= nxt then
+        fail(string.format("parallel.stages[%d] starts at block %d but block %d comes next: the stages "
+                           .. "must cover blocks 0..%d in order, each once", i, first, nxt, layers - 1))
+      end
+      out[i] = { first, last }
+      nxt = last + 1
+    end
+    if nxt ~= layers then
+      fail(string.format("parallel.stages ends at block %d but the model has blocks 0..%d: every block "
+                         .. "must be in a stage", nxt - 1, layers - 1))
+    end
+    return out
+  end
+  if layers < V then
+    fail(string.format("parallel.pp = %d%s needs %d blocks but the model has %d; use pp <= %d",
+                       pp, chunks > 1 and string.format(" with %d chunks", chunks) or "", V, layers,
+                       layers // chunks))
+  end
+  if chunks > 1 and layers % V ~= 0 then
+    fail(string.format("interleaving %d chunks on %d stages needs layers divisible by %d; %d is not "
+                       .. "(blocks per stage would be %.2f)", chunks, pp, V, layers, layers / V))
+  end
+  local base, extra = layers // V, layers % V
+  local size = {}
+  for i = 1, V do size[i] = base end
+  for i = 2, V - 1 do
+    if extra == 0 then break end
+    size[i] = size[i] + 1; extra = extra - 1
+  end
+  if extra > 0 then size[V] = size[V] + 1; extra = extra - 1 end
+  if extra > 0 then size[1] = size[1] + 1 end
+  local first = 0
+  for i = 1, V do out[i] = { first, first + size[i] - 1 }; first = first + size[i] end
+  return out
+end
 
 -- Called by C after the script and every -e statement have run: returns
 -- the checked, normalised plan or raises an error naming what is wrong.
@@ -287,6 +353,11 @@ function M._plan(script)
     fail("model must be built with zt.gpt{...} or zt.llama{...}")
   end
   local plan = { model = _G.model }
+  local sched = _G.schedule
+  if type(sched) == "function" then sched = M.schedule.custom { fn = sched } end
+  if sched ~= nil and getmetatable(sched) ~= M.schedule.mt then
+    fail("schedule must be zt.schedule.NAME{...} or a function (stage, stages, microbatches, chunks)")
+  end
   for name, spec in pairs(specs) do
     local t = _G[name]
     if t == nil then
@@ -295,11 +366,42 @@ function M._plan(script)
     end
     plan[name] = guarded(check, t, spec, name, 0)
   end
+  plan.schedule = sched or M.schedule.one_f_one_b {}
+  local chunks = plan.schedule.chunks
+  if math.type(chunks) ~= "integer" or chunks < 1 then
+    fail("schedule chunks must be an integer >= 1, got " .. tostring(chunks))
+  end
+  plan.parallel.stages = partition(fail, plan.model.layers, plan.parallel.pp, chunks,
+                                   plan.parallel.stages)
   local lr = plan.train.lr
   if lr.kind == "cosine" then
     lr.decay_steps = lr.decay_steps or math.max(plan.train.steps, 1)
   end
   return plan
+end
+
+-- Called by C once the number of micro-batches per step is known: each
+-- stage's action list from the schedule's function, checked for shape;
+-- the C side checks the lists against each other.
+function M._schedule_lists(sched, stages, microbatches)
+  local lists = {}
+  for st = 0, stages - 1 do
+    local ok, l = pcall(sched.fn, st, stages, microbatches, sched.chunks)
+    if not ok then error(string.format("schedule %s, stage %d: %s", sched.name, st, l), 0) end
+    if type(l) ~= "table" then
+      error(string.format("schedule %s returned %s for stage %d, not a list of actions",
+                          sched.name, type(l), st), 0)
+    end
+    for i, a in ipairs(l) do
+      if type(a) ~= "table" or (a.op ~= "F" and a.op ~= "B" and a.op ~= "W")
+          or math.type(a.mb) ~= "integer" or (a.chunk ~= nil and math.type(a.chunk) ~= "integer") then
+        error(string.format("schedule %s, stage %d, step %d: an action is {op = \"F\"|\"B\"|\"W\", "
+                            .. "mb = integer, chunk = integer}", sched.name, st, i - 1), 0)
+      end
+    end
+    lists[st + 1] = l
+  end
+  return lists
 end
 
 return M

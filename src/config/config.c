@@ -2,6 +2,7 @@
  * types; this file checks what needs numbers from elsewhere (world size,
  * batch arithmetic) and converts the checked table into C structs. */
 #include "src/config/config.h"
+#include "src/config/pipeline.h"
 
 #include <jansson.h>
 #include <lauxlib.h>
@@ -164,6 +165,10 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
   lua_pop(L, 1);
   if (p->zero.stage > 3)
     return zt_err_set(e, ZT_EINPUT, "parallel.zero must be 0, 1, 2 or 3, got %d", p->zero.stage);
+  if (!world) { /* inspecting a plan, not running it */
+    if (automatic) p->dp = 1;
+    return ZT_OK;
+  }
   if (automatic) {
     if (world % (p->tp * p->pp))
       return zt_err_set(e, ZT_EINPUT,
@@ -178,12 +183,6 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
                       "ranks; run with -np %d or set dp = \"auto\"",
                       p->dp, p->tp, p->pp, p->dp * p->tp * p->pp, world,
                       p->dp * p->tp * p->pp);
-  /* Pipeline parallelism is a later issue; until it lands, say so
-   * instead of running something else. */
-  if (p->pp > 1)
-    return zt_err_set(e, ZT_EINPUT,
-                      "parallel: pp = %d is not supported by this version (no "
-                      "pipeline parallelism yet); use pp = 1", p->pp);
   return ZT_OK;
 }
 
@@ -251,8 +250,8 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   luaL_openlibs(L);
   install_searcher(L);
   /* The optional tables exist empty, so that -e 'parallel.zero = 2' works
-   * on a script that never mentions them. */
-  const char *pre = "parallel = {} checkpoint = {}";
+   * on a script that never mentions them; `zt` is there for -e too. */
+  const char *pre = "parallel = {} checkpoint = {} zt = require 'ztrain'";
   int rc = run_chunk(L, luaL_loadbuffer(L, pre, strlen(pre), "=(ztrain)"), e);
   if (!rc) rc = run_chunk(L, luaL_loadfile(L, script), e);
   for (int i = 0; i < nstmts && !rc; i++)
@@ -283,11 +282,13 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     p->ckpt.async = boolean(L, "async");
     lua_getfield(L, -5, "parallel");
     rc = read_parallel(L, &p->parallel, world_size, e);
+    lua_pop(L, 5);
   }
-  lua_close(L);
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, e);
+  if (!rc) rc = zt_config_pipeline(L, p, e);
+  lua_close(L);
   if (!rc && p->ckpt.async)
     rc = zt_err_set(e, ZT_EINPUT,
                     "checkpoint.async = true is not supported by this version; "
@@ -297,6 +298,10 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
 }
 
 void zt_plan_free(zt_plan *p) {
+  zt_schedule_report_free(&p->pipeline.report);
+  zt_schedule_free(&p->pipeline.schedule);
+  free(p->pipeline.first);
+  free(p->pipeline.last);
   free(p->script_path);
   free(p->json);
   free(p->data.train);

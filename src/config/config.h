@@ -8,6 +8,7 @@
 #include "src/core/err.h"
 #include "src/data/data.h"
 #include "src/model/model.h"
+#include "parallel/schedule.h"
 #include "parallel/zero.h"
 #include "src/train/trainer.h"
 
@@ -16,6 +17,16 @@ typedef struct zt_parallel_cfg {
   zt_zero_cfg zero;
   double timeout; /* watchdog, seconds */
 } zt_parallel_cfg;
+
+/* The pipeline: blocks of each virtual stage (pp * chunks, in pipeline
+ * order; virtual stage c*pp + s is chunk c of stage s), and the checked
+ * schedule with its simulation. */
+typedef struct zt_pipeline_cfg {
+  int n_virtual;
+  int *first, *last;
+  zt_schedule schedule;
+  zt_schedule_report report;
+} zt_pipeline_cfg;
 
 typedef struct zt_ckpt_cfg {
   char *dir;
@@ -27,6 +38,7 @@ typedef struct zt_plan {
   zt_train_cfg train;
   zt_data_cfg data;
   zt_parallel_cfg parallel;
+  zt_pipeline_cfg pipeline;
   zt_ckpt_cfg ckpt;
   char *script_path;
   char *json; /* the resolved plan as JSON, stored in checkpoints */
@@ -34,7 +46,8 @@ typedef struct zt_plan {
 
 /* Runs `script` then each of `stmts` (Lua statements) in one state, checks
  * the result against the world size and fills *p. Errors are ZT_EINPUT with
- * file:line where Lua knows it. */
+ * file:line where Lua knows it. world_size 0: no world to fit (dp = "auto"
+ * means 1), for tools that only inspect a plan. */
 int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
                    int world_size, zt_err *e);
 void zt_plan_free(zt_plan *p);
