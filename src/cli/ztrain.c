@@ -257,13 +257,6 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rank0 = world->rank == 0, grid_up = 0, watched = 0;
 
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
-  /* The pipeline executor is not written yet: say so instead of running
-   * something else. `ztrain schedule` already checks pipeline plans. */
-  if (!rc && plan.parallel.pp > 1)
-    rc = zt_err_set(e, ZT_EINPUT,
-                    "parallel: pp = %d: pipeline execution is not supported by this version "
-                    "yet (use pp = 1); `ztrain schedule` checks and shows this plan's schedule",
-                    plan.parallel.pp);
   if (!rc && a->save) rc = check_save_path(a->save, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
                                plan.model.seq, plan.model.vocab, e);
