@@ -229,6 +229,7 @@ local specs = {
     zero = { zero_value, default = 0 },
     order = { oneof("tp-dp-pp"), default = "tp-dp-pp" },
     timeout = { number(true), default = 1800.0 },
+    sequence_parallel = { boolean, default = false },
     stages = { function(v)
       if type(v) ~= "table" then return nil, "a list of {first, last} block ranges" end
       for i, r in ipairs(v) do

@@ -183,10 +183,11 @@ int zt_ckpt_save(const char *path, const zt_ckpt_state *s, const char *plan_json
       if (!rank0) continue;
       zt_tensor_desc piece = *t;
       for (int r = 0; r < g->tp; r++) {
-        piece.shard.index = r;
+        /* a whole tensor or a replicated kv head: take one copy */
+        if (!zt_shard_counts_here(t, r, g->tp)) continue;
+        piece.shard.index = zt_shard_index_at(t, r, g->tp);
         copy_ctx c = {pieces + (int64_t)r * t->numel, logical, 1};
         zt_shard_runs(&piece, &c, copy_run);
-        if (t->shard.dim < 0 || t->shard.count <= 1) break; /* replicated: one copy */
       }
       bad = bad || write_tensor(f, groups[which], t, logical);
     }

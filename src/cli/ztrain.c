@@ -230,13 +230,14 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
   const zt_model_cfg *c = &p->model;
   const zt_zero *z = &tr->zero;
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
-         "grid dp %d x tp %d x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
+         "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
          "%d threads/rank\n"
          "model states %.1f MiB/rank (+ buffers %.1f MiB) | steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
          ZT_VERSION, c->arch == ZT_ARCH_GPT ? "gpt" : "llama", c->layers, c->dim, c->heads,
          c->kv_heads, c->vocab, c->seq, logical_params(m) / 1e6,
-         p->parallel.dp, p->parallel.tp, p->parallel.pp, p->parallel.zero.stage,
+         p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
+         p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
          omp_get_max_threads(), z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
          (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,

@@ -154,6 +154,7 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
   p->tp = (int)num(L, "tp");
   p->pp = (int)num(L, "pp");
   p->timeout = num(L, "timeout");
+  p->sequence_parallel = boolean(L, "sequence_parallel");
   lua_getfield(L, -1, "zero");
   p->zero.stage = (int)num(L, "stage");
   p->zero.bucket_bytes = (int64_t)num(L, "bucket_bytes");
@@ -220,7 +221,7 @@ static char *plan_json(const zt_plan *p) {
       "{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b},"
       " s:{s:i, s:i, s:i, s:I, s:o, s:f, s:[f,f], s:f, s:f, s:I},"
       " s:{s:s, s:s?, s:s, s:b},"
-      " s:{s:i, s:i, s:i, s:i}}",
+      " s:{s:i, s:i, s:i, s:i, s:b}}",
       "model", "kind", m->arch == ZT_ARCH_GPT ? "gpt" : "llama", "vocab", m->vocab,
       "seq", m->seq, "dim", m->dim, "layers", m->layers, "heads", m->heads,
       "kv_heads", m->kv_heads, "ffn_dim", m->ffn_dim, "norm_eps", (double)m->norm_eps,
@@ -232,7 +233,7 @@ static char *plan_json(const zt_plan *p) {
       "data", "train", p->data.train, "val", p->data.val, "dtype",
       p->data.token_bytes == 4 ? "u32" : "u16", "shuffle", p->data.shuffle,
       "parallel", "dp", p->parallel.dp, "tp", p->parallel.tp, "pp", p->parallel.pp,
-      "zero", p->parallel.zero.stage);
+      "zero", p->parallel.zero.stage, "sequence_parallel", p->parallel.sequence_parallel);
   char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(root);
   return s;
@@ -294,6 +295,8 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, e);
+  p->model.sequence_parallel = p->parallel.sequence_parallel;
+  if (!rc) rc = zt_model_sp_check(&p->model, p->train.micro_batch, p->parallel.tp, e);
   if (!rc) rc = zt_config_pipeline(L, p, e);
   lua_close(L);
   if (!rc && p->ckpt.async)

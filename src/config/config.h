@@ -16,6 +16,7 @@ typedef struct zt_parallel_cfg {
   int dp, tp, pp;
   zt_zero_cfg zero;
   double timeout; /* watchdog, seconds */
+  int sequence_parallel; /* copied to model.sequence_parallel */
 } zt_parallel_cfg;
 
 /* The pipeline: blocks of each virtual stage (pp * chunks, in pipeline

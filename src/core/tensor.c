@@ -1,10 +1,24 @@
 /* tensor: the mapping between a rank's local piece and the logical tensor.
  * Every reader and writer of sharded state (initialisation, checkpoints,
- * resharding) goes through these three functions. */
+ * resharding) goes through these functions. */
 #include "src/core/tensor.h"
 
 static int whole(const zt_tensor_desc *t) {
   return t->shard.dim < 0 || t->shard.count <= 1;
+}
+
+/* TP ranks that hold the same piece of t. */
+static int replicas(const zt_tensor_desc *t, int tp_size) {
+  int count = whole(t) ? 1 : t->shard.count;
+  return tp_size > count ? tp_size / count : 1;
+}
+
+int zt_shard_index_at(const zt_tensor_desc *t, int tp_rank, int tp_size) {
+  return tp_rank / replicas(t, tp_size);
+}
+
+int zt_shard_counts_here(const zt_tensor_desc *t, int tp_rank, int tp_size) {
+  return tp_rank % replicas(t, tp_size) == 0;
 }
 
 void zt_shard_local_shape(const zt_tensor_desc *t, int64_t shape[ZT_MAX_DIMS]) {

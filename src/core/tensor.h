@@ -15,7 +15,10 @@ typedef enum { ZT_F32 = 0 } zt_dtype;
 /* A TP shard: dimension `dim` of the logical tensor is cut into `groups`
  * equal parts (1 for a plain slice; 3 for gpt's fused q,k,v rows) and each
  * part into `count` equal slices; the rank holds slice `index` of every
- * part, concatenated in part order. */
+ * part, concatenated in part order. count is the TP size, or a divisor of
+ * it when there are fewer slices than ranks (llama's k and v with
+ * tp > kv_heads): each slice is then replicated over tp/count consecutive
+ * TP ranks. */
 typedef struct zt_shard {
   int dim;    /* sliced dimension, -1 when the tensor is whole */
   int index;  /* this rank's slice */
@@ -38,6 +41,19 @@ static inline int64_t zt_tensor_numel(const zt_tensor_desc *t) {
   for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
   return n;
 }
+
+/* The slice TP rank `tp_rank` of `tp_size` holds of a tensor cut like t:
+ * tp_rank / (tp_size / count), since a slice is replicated over tp_size /
+ * count consecutive ranks; 0 for a whole tensor (count 1). */
+int zt_shard_index_at(const zt_tensor_desc *t, int tp_rank, int tp_size);
+
+/* Whether TP rank `tp_rank` is the designated holder of its piece of t:
+ * the first of the ranks holding the same piece. Whole tensors: rank 0
+ * only; cut in tp_size slices: every rank; cut in count < tp_size slices:
+ * every (tp_size/count)-th rank. Whatever sums over the TP group (gradient
+ * norms, checkpoint assembly) counts each logical element once by taking
+ * only designated pieces. */
+int zt_shard_counts_here(const zt_tensor_desc *t, int tp_rank, int tp_size);
 
 /* Shape of the local piece (the logical shape when whole). */
 void zt_shard_local_shape(const zt_tensor_desc *t, int64_t shape[ZT_MAX_DIMS]);

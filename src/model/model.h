@@ -23,6 +23,10 @@ typedef struct zt_model_cfg {
   int ffn_dim;  /* MLP width: 4*dim for gpt */
   float norm_eps, rope_theta;
   int tied; /* head shares embed.tokens (gpt only) */
+  /* How the model runs under TP, not what it is (no effect on parameters
+   * or checkpoints): the residual stream split by rows over the TP group
+   * (parallel.sequence_parallel); ignored at tp = 1. */
+  int sequence_parallel;
 } zt_model_cfg;
 
 typedef enum { ZT_INIT_NORMAL, ZT_INIT_ZEROS, ZT_INIT_ONES } zt_init_kind;
@@ -71,12 +75,27 @@ typedef struct zt_model_hooks {
  * rows, down by input columns: row-parallel), and vocab/tp rows of the
  * embedding and head (vocab-parallel). Norms, positions and the biases of
  * row-parallel layers are whole on every rank and get identical gradients
- * there. The sizes below are this rank's; cfg keeps the logical ones. */
+ * there. When tp > kv_heads (llama GQA) a rank holds one kv head, kv head
+ * tp_rank / kv_rep, shared by the kv_rep = tp/kv_heads consecutive ranks
+ * whose query heads read it; each computes a partial gradient of it, which
+ * the model sums over those ranks (the `kv` group) in each block's
+ * backward, so they all end with the same, full gradient.
+ * Sequence parallelism (cfg.sequence_parallel, tp > 1): the residual
+ * stream, the norms and the adds hold only this rank's Ns = N/tp rows
+ * (N = B*seq, rows n0 .. n0+Ns-1); all-reduces of [N, C] become a
+ * reduce-scatter into the rows or an all-gather of them (model.c). The
+ * norms' gradients, partial per rank, are summed over tp in backward.
+ * The sizes below are this rank's; cfg keeps the logical ones. */
 typedef struct zt_model {
   zt_model_cfg cfg;
   const zt_backend *be;
   zt_comm *tp;         /* tensor-parallel group; NULL = no TP */
   int tp_size, tp_rank;
+  int kv_rep;          /* TP ranks sharing each local kv head (1: none) */
+  zt_comm *kv;         /* those ranks (kv_rep > 1), split from tp; owned */
+  int sp;              /* sequence parallelism on (and tp > 1) */
+  int Ns, n0;          /* residual-stream rows held here, the first of them */
+  int *sp_counts, *sp_displs; /* sp: every rank's rows of [N, C], in floats */
   int B;              /* micro-batch size the activations are sized for */
   int hd;             /* head dim */
   int heads, kv_heads; /* local query and kv heads */
@@ -107,6 +126,9 @@ typedef struct zt_model {
   float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
   float *xent_stats; /* [3N] for the vocab-parallel loss (kernels.h) */
   float *dres, *dln, *datt, *dqkv, *dfc, *dact, *dprobs;
+  float *dkv_w; /* kv_rep > 1: [2*hd, C] k, v weight gradient of one block */
+  float *dnorm; /* sp: [4, C] a unit's partial norm gradients */
+  size_t act_bytes; /* activations and scratch of one micro-batch */
   float *rope_cs;
   int32_t *tokens, *targets;
   float *host_losses;
@@ -117,23 +139,31 @@ typedef struct zt_model {
 int zt_model_cfg_check(const zt_model_cfg *cfg, zt_err *e);
 
 /* Checks that tensor parallelism over `tp` ranks divides the model: heads,
- * kv_heads (llama), ffn_dim and vocab must be multiples of tp. The message
- * names the number that fails and lists the tp values that would work. */
+ * ffn_dim and vocab must be multiples of tp, llama's kv_heads a multiple
+ * or a divisor of tp. The message names the number that fails and lists
+ * the tp values that would work. */
 int zt_model_tp_check(const zt_model_cfg *cfg, int tp, zt_err *e);
+
+/* Checks that sequence parallelism can split the micro_batch*seq rows of a
+ * micro-batch evenly over `tp` ranks (always true when it is off or tp is
+ * 1); the message names the numbers and what would work. */
+int zt_model_sp_check(const zt_model_cfg *cfg, int micro_batch, int tp, zt_err *e);
 
 /* Builds the parameter table only (names, shapes, offsets): no memory for
  * weights or activations. Checkpoint readers and the planner use this.
  * tp_size/tp_rank select this rank's tensor-parallel shards: each
  * descriptor keeps its logical shape, says in .shard how it is cut (dim -1:
- * whole on every TP rank; else count = tp_size, even when that is 1) and
- * has the local element count in .numel. */
+ * whole on every TP rank; else count = tp_size, even when that is 1, or
+ * kv_heads for k and v replicated over kv_rep ranks) and has the local
+ * element count in .numel. */
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
                     int tp_rank, zt_err *e);
 
 /* Layout plus device memory for weights, gradients and the activations of a
  * micro-batch of `micro_batch` samples. With a tp group of size > 1 the
  * rank holds its shards (layout with tp->size, tp->rank) and zt_model_step
- * runs collectives on tp; every member must call it on the same tokens. */
+ * runs collectives on tp; every member must call it on the same tokens.
+ * With kv_rep > 1 it splits tp into the kv groups (collective over tp). */
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
                   int micro_batch, zt_comm *tp, zt_err *e);
 void zt_model_free(zt_model *m);
@@ -147,13 +177,18 @@ void zt_model_init_weights(zt_model *m, uint64_t seed);
  * sum of per-token losses (the same on every TP rank: count it once). With
  * backward, gradients of sum(loss) * dscale are accumulated into m->g: each
  * rank's shard of the full gradient; whole tensors get the same gradient on
- * every TP rank (no reduction over tp needed). */
+ * every TP rank, replicated kv heads on every rank of their kv group (no
+ * reduction over tp needed). */
 double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
                      int backward, float dscale);
 
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */
 double zt_model_flops_per_token(const zt_model *m);
+
+/* Bytes this rank has sent within its TP group so far: on tp and on the kv
+ * groups inside it. */
+uint64_t zt_model_tp_bytes(const zt_model *m);
 
 /* Index of a parameter by name, or -1. */
 int zt_model_find(const zt_model *m, const char *name);

@@ -44,43 +44,65 @@ int zt_model_cfg_check(const zt_model_cfg *c, zt_err *e) {
   return ZT_OK;
 }
 
-static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+/* llama's kv heads fit tp when each rank gets whole kv heads (kv_heads a
+ * multiple of tp) or when each kv head is shared by tp/kv_heads ranks. */
+static int kv_fits(int kv_heads, int tp) { return kv_heads % tp == 0 || tp % kv_heads == 0; }
+
+/* Whether tensor parallelism over tp ranks divides the model. */
+static int tp_fits(const zt_model_cfg *c, int tp) {
+  return c->heads % tp == 0 && c->ffn_dim % tp == 0 && c->vocab % tp == 0 &&
+         (c->arch == ZT_ARCH_GPT || kv_fits(c->kv_heads, tp));
+}
 
 int zt_model_tp_check(const zt_model_cfg *c, int tp, zt_err *e) {
   const char *k = c->arch == ZT_ARCH_GPT ? "zt.gpt" : "zt.llama";
   if (tp < 1) return zt_err_set(e, ZT_EINPUT, "%s: tp must be >= 1, got %d", k, tp);
-  /* kv_heads is heads in gpt: checking it would only repeat heads */
-  struct { const char *name; int v; const char *why; } need[] = {
-      {"heads", c->heads, ""},
-      {"kv_heads", c->arch == ZT_ARCH_LLAMA ? c->kv_heads : c->heads,
-       " (each TP rank needs whole kv heads: kv_heads must be a multiple of "
-       "tp; replicating kv heads over TP ranks is not supported)"},
-      {"ffn_dim", c->ffn_dim, ""},
-      {"vocab", c->vocab, ""}};
-  int n = sizeof need / sizeof need[0], g = 0;
-  for (int i = 0; i < n; i++) g = gcd(g, need[i].v);
-  for (int i = 0; i < n; i++) {
-    if (need[i].v % tp == 0) continue;
-    char ok[512] = "", pad[96] = "";
-    size_t len = 0;
-    for (int d = 1; d <= g && len < sizeof ok - 16; d++)
-      if (g % d == 0)
-        len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
-    if (!strcmp(need[i].name, "vocab"))
-      snprintf(pad, sizeof pad, "; or pad vocab to %d, a multiple of %d",
-               (c->vocab + tp - 1) / tp * tp, tp);
-    return zt_err_set(e, ZT_EINPUT,
-                      "%s: tp = %d does not divide %s = %d%s; tp values that "
-                      "work for this model: %s%s",
-                      k, tp, need[i].name, need[i].v, need[i].why, ok, pad);
-  }
-  return ZT_OK;
+  if (tp_fits(c, tp)) return ZT_OK;
+  /* every working tp divides heads: list them all */
+  char ok[512] = "", why[256] = "", pad[96] = "";
+  size_t len = 0;
+  for (int t = 1; t <= c->heads && len < sizeof ok - 16; t++)
+    if (tp_fits(c, t))
+      len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", t);
+  /* kv_heads is heads in gpt: reporting it would only repeat heads */
+  struct { const char *name; int v; int fits; } need[] = {
+      {"heads", c->heads, c->heads % tp == 0},
+      {"kv_heads", c->kv_heads, c->arch == ZT_ARCH_GPT || kv_fits(c->kv_heads, tp)},
+      {"ffn_dim", c->ffn_dim, c->ffn_dim % tp == 0},
+      {"vocab", c->vocab, c->vocab % tp == 0}};
+  int i = 0;
+  while (need[i].fits) i++;
+  if (!strcmp(need[i].name, "kv_heads"))
+    snprintf(why, sizeof why,
+             " (kv_heads must be a multiple of tp, each TP rank then holding "
+             "kv_heads/tp kv heads, or tp a multiple of kv_heads, each kv head "
+             "then replicated over tp/kv_heads ranks)");
+  if (!strcmp(need[i].name, "vocab"))
+    snprintf(pad, sizeof pad, "; or pad vocab to %d, a multiple of %d",
+             (c->vocab + tp - 1) / tp * tp, tp);
+  return zt_err_set(e, ZT_EINPUT,
+                    "%s: tp = %d does not divide %s = %d%s; tp values that "
+                    "work for this model: %s%s",
+                    k, tp, need[i].name, need[i].v, why, ok, pad);
+}
+
+int zt_model_sp_check(const zt_model_cfg *c, int micro_batch, int tp, zt_err *e) {
+  int N = micro_batch * c->seq;
+  if (!c->sequence_parallel || tp <= 1 || N % tp == 0) return ZT_OK;
+  return zt_err_set(e, ZT_EINPUT,
+                    "parallel.sequence_parallel: the %d rows of a micro-batch "
+                    "(micro_batch %d * seq %d) do not split evenly over tp = %d "
+                    "ranks; use a micro_batch or seq that makes micro_batch*seq "
+                    "a multiple of %d, or sequence_parallel = false",
+                    N, micro_batch, c->seq, tp, tp);
 }
 
 /* How the TP group cuts a tensor (Megatron): whole on every rank; by output
  * rows (column-parallel, and vocab-parallel tables); by output rows in
- * q,k,v thirds (gpt's fused qkv); by input columns (row-parallel). */
-typedef enum { WHOLE, ROWS, ROWS_QKV, COLS } cut;
+ * q,k,v thirds (gpt's fused qkv); by input columns (row-parallel); by kv
+ * heads (llama's k and v: in tp slices, or in kv_heads slices each
+ * replicated over tp/kv_heads ranks when tp > kv_heads). */
+typedef enum { WHOLE, ROWS, ROWS_QKV, COLS, ROWS_KV } cut;
 
 /* Appends one tensor; returns its index. */
 static int add(zt_model *m, cut how, zt_init_kind init, float std, int ndim,
@@ -92,10 +114,10 @@ static int add(zt_model *m, cut how, zt_init_kind init, float std, int ndim,
   p->t.ndim = ndim;
   p->t.shape[0] = d0;
   p->t.shape[1] = d1;
-  p->t.shard = (zt_shard){.dim = how == WHOLE ? -1 : how == COLS,
-                          .index = how == WHOLE ? 0 : m->tp_rank,
-                          .count = how == WHOLE ? 1 : m->tp_size,
+  int count = how == WHOLE ? 1 : how == ROWS_KV ? m->tp_size / m->kv_rep : m->tp_size;
+  p->t.shard = (zt_shard){.dim = how == WHOLE ? -1 : how == COLS, .count = count,
                           .groups = how == ROWS_QKV ? 3 : 1};
+  p->t.shard.index = zt_shard_index_at(&p->t, m->tp_rank, m->tp_size);
   p->t.offset = m->numel;
   int64_t ls[ZT_MAX_DIMS];
   zt_shard_local_shape(&p->t, ls);
@@ -129,7 +151,10 @@ int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
   int gpt = c->arch == ZT_ARCH_GPT, C = c->dim, L = c->layers, F = c->ffn_dim;
   m->hd = C / c->heads;
   m->heads = c->heads / tp_size;
-  m->kv_heads = c->kv_heads / tp_size;
+  /* tp > kv_heads (llama): one kv head, shared with the tp/kv_heads ranks
+   * whose query heads read it */
+  m->kv_rep = c->kv_heads < tp_size ? tp_size / c->kv_heads : 1;
+  m->kv_heads = c->kv_heads * m->kv_rep / tp_size;
   m->att_dim = m->heads * m->hd;
   m->qkv_rows = (m->heads + 2 * m->kv_heads) * m->hd;
   m->hidden = F / tp_size;
@@ -165,8 +190,8 @@ int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
       b->qkv_b = add(m, ROWS_QKV, ZT_INIT_ZEROS, 0, 1, 3 * C, 0, "blocks.%d.attn.qkv.bias", l);
     } else { /* q, k, v (local heads) adjacent: one GEMM computes all three */
       b->qkv_w = add(m, ROWS, ZT_INIT_NORMAL, sd, 2, C, C, "blocks.%d.attn.q.weight", l);
-      add(m, ROWS, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.k.weight", l);
-      add(m, ROWS, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.v.weight", l);
+      add(m, ROWS_KV, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.k.weight", l);
+      add(m, ROWS_KV, ZT_INIT_NORMAL, sd, 2, kvr, C, "blocks.%d.attn.v.weight", l);
     }
     /* row-parallel biases are whole: added once, after the sum over tp */
     b->out_w = add(m, COLS, ZT_INIT_NORMAL, sd_res, 2, C, C, "blocks.%d.attn.out.weight", l);

@@ -23,13 +23,12 @@ double zt_lr_at(const zt_lr *s, int64_t step) {
     body                                                                    \
   }
 
-double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r,
-                      int count_replicated, int count_any) {
+double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any) {
   double s = 0;
   if (!count_any) return 0;
   FOR_EACH_PIECE(m, r, t, a, n, {
-    int replicated = t->shard.dim < 0 || t->shard.count <= 1;
-    if (!replicated || count_replicated) s += m->be->sumsq(r->g + a, (size_t)n);
+    if (zt_shard_counts_here(t, m->tp_rank, m->tp_size))
+      s += m->be->sumsq(r->g + a, (size_t)n);
   })
   return s;
 }

@@ -39,12 +39,11 @@ typedef struct zt_optim_range {
 } zt_optim_range;
 
 /* Sum of squared gradients over the range, counting each logical element
- * once across the grid: tensors replicated over the TP group count only on
- * TP rank 0 (count_replicated), and the caller passes count_any = 0 on
- * ranks whose range duplicates another's (data parallelism without
- * sharding). */
-double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r,
-                      int count_replicated, int count_any);
+ * once across the grid: a piece held by several TP ranks (a whole tensor,
+ * a replicated kv head) counts only on its designated holder
+ * (zt_shard_counts_here), and the caller passes count_any = 0 on ranks
+ * whose range duplicates another's (data parallelism without sharding). */
+double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any);
 
 /* Clips by the global norm sqrt(global_sumsq) (as clip_grad_norm_) and
  * returns the norm. */

@@ -81,7 +81,7 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   zt_grid *g = t->grid;
   const zt_train_cfg *c = &t->cfg;
   double t0 = zt_timer_now();
-  uint64_t dp0 = zt_comm_total_bytes(&g->dp_comm), tp0 = zt_comm_total_bytes(&g->tp_comm);
+  uint64_t dp0 = zt_comm_total_bytes(&g->dp_comm), tp0 = zt_model_tp_bytes(m);
   int64_t tokens = (int64_t)c->global_batch * m->cfg.seq;
 
   zt_zero_grads_begin(&t->zero);
@@ -97,8 +97,7 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
    * the loss by TP rank 0 of each data-parallel rank, gradients by their
    * owner (all DP ranks hold all of them at stage 0: rank 0 counts). */
   double sums[2] = {g->tp_rank == 0 ? loss : 0,
-                    zt_optim_sumsq(m, &r, g->tp_rank == 0,
-                                   t->zero.cfg.stage > 0 || g->dp_rank == 0)};
+                    zt_optim_sumsq(m, &r, t->zero.cfg.stage > 0 || g->dp_rank == 0)};
   zt_comm_allreduce_f64(&g->world, sums, 2);
   st->grad_norm = zt_optim_clip(&c->optim, m, &r, sums[1]);
   st->lr = zt_optim_update(&c->optim, m, &r, ++t->t);
@@ -108,7 +107,7 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   st->step = t->t;
   st->tokens = tokens;
   st->bytes_dp = zt_comm_total_bytes(&g->dp_comm) - dp0;
-  st->bytes_tp = zt_comm_total_bytes(&g->tp_comm) - tp0;
+  st->bytes_tp = zt_model_tp_bytes(m) - tp0;
   st->ms = 1e3 * (zt_timer_now() - t0);
 }
 

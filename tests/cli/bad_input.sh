@@ -112,6 +112,8 @@ if [ -n "$MPIRUN" ]; then
     "$(base "model = zt.gpt{vocab = 258, seq = 16, dim = 48, layers = 1, heads = 3}; parallel = {tp = 2}")"
   expect 2 "tp = 2 does not divide kv_heads = 3" 2 \
     "$(base "model = zt.llama{vocab = 256, seq = 16, dim = 48, layers = 1, heads = 6, kv_heads = 3}; parallel = {tp = 2}")"
+  expect 2 "the 15 rows of a micro-batch (micro_batch 1 * seq 15) do not split evenly over tp = 2" 2 \
+    "$(base "model = zt.gpt{vocab = 256, seq = 15, dim = 32, layers = 1, heads = 2}; train.micro_batch = 1; parallel = {tp = 2, sequence_parallel = true}")"
   expect 2 "ffn_dim" 2 \
     "$(base "model = zt.llama{vocab = 256, seq = 16, dim = 64, layers = 1, heads = 4, ffn_dim = 33}; parallel = {tp = 2}")"
   expect 2 "vocab" 2 \

@@ -5,7 +5,8 @@ and memory.
     grid_check.py REF_DIR RUN_DIR [RUN_DIR ...]
 
 Each directory holds m.jsonl (metrics), final.h5 (checkpoint) and run.json
-({"dp", "tp", "zero", "accum", "micro_batch", "bucket_bytes"}). For every run:
+({"dp", "tp", "zero", "sp", "accum", "micro_batch", "bucket_bytes"}; sp:
+sequence parallelism). For every run:
   - equivalence: each step's loss within 1e-5 relative of the reference,
     every logical tensor within 1e-4 relative L2 (compare.weight_distance);
   - traffic on the dp group, bytes per step per rank (Ψ = this TP rank's
@@ -14,12 +15,22 @@ Each directory holds m.jsonl (metrics), final.h5 (checkpoint) and run.json
       zero 3: 3aΨ(dp−1)/dp · 4;  within 1%;
     on the tp group: per micro-batch (4L+2) all-reduces of
     micro_batch·seq·dim floats and 3·micro_batch·seq floats for the
-    vocab-parallel loss, 2n(tp−1)/tp each; within 1%;
+    vocab-parallel loss, 2n(tp−1)/tp each; with tp > kv_heads (llama) each
+    kv head is replicated over r = tp/kv_heads ranks and the TP traffic
+    adds, per micro-batch and layer, one all-reduce of its k and v weight
+    gradient (2·head_dim·dim floats) over those r ranks, 2n(r−1)/r; with
+    sequence parallelism each of the (4L+2) all-reduces becomes a
+    reduce-scatter and an all-gather of the same total volume (the
+    embedding's and the head's are split between forward and backward),
+    and the norms' gradients (every *norm* tensor, P_norm floats) are
+    all-reduced over tp, 2·P_norm(tp−1)/tp more per micro-batch; within 1%;
   - memory of model states on rank 0: fp32 params 4Ψ, grads 4Ψ, Adam 8Ψ,
     the sharded ones divided by dp as the stage says; within 1%; and the
     gather/bucket buffers within their bound.
 Ψ is computed here from the logical shapes and Megatron's sharding rules,
-independently of ztrain's own layout code. Exit 0 on pass, 1 on failure.
+independently of ztrain's own layout code: tensors cut over TP count
+numel/tp, llama's k and v numel/min(tp, kv_heads) (one whole kv head per
+rank once tp > kv_heads), the others numel. Exit 0 on pass, 1 on failure.
 """
 import json
 import os
@@ -32,12 +43,17 @@ from compare import read_metrics, rel, weight_distance
 
 # Logical tensors cut over the TP group (column-, row- or vocab-parallel);
 # all others (norms, positions, row-parallel biases) are whole on every rank.
+# llama's k and v are cut by kv heads: in tp slices, or in kv_heads slices
+# (one kv head per rank, replicated) when tp > kv_heads.
 TP_SHARDED = ("embed.tokens", "head.weight", "attn.qkv.weight", "attn.qkv.bias",
-              "attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.out.weight",
+              "attn.q.weight", "attn.out.weight",
               "mlp.up.weight", "mlp.up.bias", "mlp.gate.weight", "mlp.down.weight")
+KV = ("attn.k.weight", "attn.v.weight")
 
 
-def local_count(name: str, numel: int, tp: int) -> int:
+def local_count(name: str, numel: int, tp: int, kv_heads: int) -> int:
+    if name.endswith(KV):
+        return numel // min(tp, kv_heads)
     return numel // tp if name.endswith(TP_SHARDED) else numel
 
 
@@ -52,7 +68,10 @@ def unit_of(name: str, layers: int) -> int:
 def check(ref, run_dir: str) -> list:
     cfg = json.load(open(os.path.join(run_dir, "run.json")))
     dp, tp, zero, a = cfg["dp"], cfg["tp"], cfg["zero"], cfg["accum"]
-    label = f"dp={dp} tp={tp} zero={zero}"
+    sp = cfg.get("sp", False)
+    label = f"dp={dp} tp={tp} zero={zero}" + (" sp" if sp else "")
+    if tp > ref[1].plan["model"]["kv_heads"]:
+        label += f" kv_rep={tp // ref[1].plan['model']['kv_heads']}"
     bad = []
     rows = read_metrics(os.path.join(run_dir, "m.jsonl"))
     ck = ztorch.read_checkpoint(os.path.join(run_dir, "final.h5"))
@@ -70,15 +89,22 @@ def check(ref, run_dir: str) -> list:
     if not worst_w[0] <= 1e-4:
         bad.append(f"{label}: tensor {worst_w[1]} differs by {worst_w[0]:.3e}")
 
-    psi = sum(local_count(n, v.size, tp) for n, v in ref_ck.model.items())
+    kvh = m["kv_heads"]
+    psi = sum(local_count(n, v.size, tp, kvh) for n, v in ref_ck.model.items())
     units = {}
     for n, v in ref_ck.model.items():
         u = unit_of(n, m["layers"])
-        units[u] = units.get(u, 0) + local_count(n, v.size, tp)
+        units[u] = units.get(u, 0) + local_count(n, v.size, tp, kvh)
     frac = (dp - 1) / dp
     want_dp = 4 * psi * frac * {0: 2, 1: 2, 2: a + 1, 3: 3 * a}[zero]
     N = cfg["micro_batch"] * m["seq"]
     want_tp = a * 4 * ((4 * m["layers"] + 2) * N * m["dim"] + 3 * N) * 2 * (tp - 1) / tp
+    r = tp // kvh if tp > kvh else 1  # ranks sharing a kv head
+    kv_grad = 2 * (m["dim"] // m["heads"]) * m["dim"]  # k and v rows of one head
+    want_tp += a * 4 * m["layers"] * kv_grad * 2 * (r - 1) / r
+    if sp:  # the norms' partial gradients, summed over tp
+        p_norm = sum(v.size for n, v in ref_ck.model.items() if "norm" in n)
+        want_tp += a * 4 * p_norm * 2 * (tp - 1) / tp
     S = psi / dp
     want_state = {0: 16 * psi, 1: 8 * psi + 8 * S, 2: 4 * psi + 12 * S, 3: 16 * S}[zero]
     bucket = cfg["bucket_bytes"]

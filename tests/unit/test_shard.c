@@ -4,8 +4,12 @@
  * (groups 3), counts 1..4, the pieces of all ranks cover every logical
  * element exactly once, zt_shard_runs agrees element by element with
  * zt_shard_global_index, and local shapes multiply to the piece's size.
+ * Replicated slices (count < tp): zt_shard_index_at and
+ * zt_shard_counts_here pick each slice's ranks and one designated holder.
  * The table: at tp = 1..4 every tensor is cut the Megatron way, pieces add
- * up to the logical tensor, units and fused GEMM operands stay contiguous.
+ * up to the logical tensor (replicated ones once per holder), units and
+ * fused GEMM operands stay contiguous; llama with kv_heads 2 and 1 holds
+ * one kv head per rank, tp_rank / (tp / kv_heads), once tp > kv_heads.
  * zt_model_tp_check: the message names the failing number and the tp values
  * that work. */
 #include <stdarg.h>
@@ -103,6 +107,24 @@ static void test_qkv_rows(void **state) {
   for (int j = 0; j < 4; j++) assert_int_equal(zt_shard_global_index(&u, j), want2[j]);
 }
 
+/* Slices replicated over tp/count ranks: 8 ranks, 2 slices -> ranks 0-3
+ * hold slice 0, 4-7 slice 1, ranks 0 and 4 are the designated holders;
+ * whole tensors: slice 0 everywhere, rank 0 designated; count = tp: all. */
+static void test_replicated(void **state) {
+  (void)state;
+  int64_t shape[2] = {16, 3};
+  zt_tensor_desc kv = desc(2, shape, 0, 1, 0, 2), whole = desc(2, shape, -1, 1, 0, 1);
+  zt_tensor_desc cut = desc(2, shape, 0, 1, 0, 8);
+  for (int r = 0; r < 8; r++) {
+    assert_int_equal(zt_shard_index_at(&kv, r, 8), r / 4);
+    assert_int_equal(zt_shard_counts_here(&kv, r, 8), r % 4 == 0);
+    assert_int_equal(zt_shard_index_at(&whole, r, 8), 0);
+    assert_int_equal(zt_shard_counts_here(&whole, r, 8), r == 0);
+    assert_int_equal(zt_shard_index_at(&cut, r, 8), r);
+    assert_true(zt_shard_counts_here(&cut, r, 8));
+  }
+}
+
 static zt_model_cfg small_cfg(zt_arch arch) {
   int gpt = arch == ZT_ARCH_GPT;
   zt_model_cfg c = {.arch = arch, .vocab = 96, .seq = 8, .dim = gpt ? 48 : 96, .layers = 2,
@@ -117,9 +139,12 @@ static int ends(const char *s, const char *suffix) {
   return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* How params.c must cut each tensor (Megatron). */
-static void expect_cut(const zt_tensor_desc *t, int tp, int r) {
-  int dim = -1, groups = 1;
+/* How params.c must cut each tensor (Megatron); k and v in min(tp,
+ * kv_heads) slices. */
+static void expect_cut(const zt_tensor_desc *t, int tp, int r, int kv_heads) {
+  int dim = -1, groups = 1, count = tp;
+  if (ends(t->name, "attn.k.weight") || ends(t->name, "attn.v.weight"))
+    count = kv_heads < tp ? kv_heads : tp;
   if (ends(t->name, "attn.qkv.weight") || ends(t->name, "attn.qkv.bias")) dim = 0, groups = 3;
   else if (ends(t->name, "attn.q.weight") || ends(t->name, "attn.k.weight") ||
            ends(t->name, "attn.v.weight") || ends(t->name, "mlp.gate.weight") ||
@@ -130,17 +155,22 @@ static void expect_cut(const zt_tensor_desc *t, int tp, int r) {
     dim = 1;
   assert_int_equal(t->shard.dim, dim);
   assert_int_equal(t->shard.groups, groups);
-  assert_int_equal(t->shard.count, dim < 0 ? 1 : tp);
-  assert_int_equal(t->shard.index, dim < 0 ? 0 : r);
+  assert_int_equal(t->shard.count, dim < 0 ? 1 : count);
+  assert_int_equal(t->shard.index, dim < 0 ? 0 : r / (tp / count));
 }
 
-static void check_layout(zt_arch arch, int tied) {
+static void check_layout(zt_arch arch, int tied, int kv_heads) {
   zt_model_cfg cfg = small_cfg(arch);
   cfg.tied = tied;
+  if (kv_heads) cfg.kv_heads = kv_heads;
   zt_model whole;
   zt_err e;
   assert_int_equal(zt_model_layout(&whole, &cfg, 1, 0, &e), ZT_OK);
   for (int tp = 1; tp <= 4; tp++) {
+    if (zt_model_tp_check(&cfg, tp, &e)) { /* kv_heads 2 at tp 3 */
+      assert_true(cfg.kv_heads % tp && tp % cfg.kv_heads);
+      continue;
+    }
     int64_t *sum = calloc((size_t)whole.n_params, sizeof *sum);
     assert_non_null(sum);
     for (int r = 0; r < tp; r++) {
@@ -152,7 +182,7 @@ static void check_layout(zt_arch arch, int tied) {
         const zt_tensor_desc *t = &m.params[i].t, *w = &whole.params[i].t;
         assert_string_equal(t->name, w->name);
         assert_memory_equal(t->shape, w->shape, sizeof t->shape); /* logical */
-        expect_cut(t, tp, r);
+        expect_cut(t, tp, r, cfg.kv_heads);
         /* tensors back to back; units contiguous runs of them */
         assert_int_equal(t->offset, off);
         off += t->numel;
@@ -180,7 +210,13 @@ static void check_layout(zt_arch arch, int tied) {
         assert_int_equal(m.params[fc].t.numel, m.fc_rows * C);
       }
       assert_int_equal(m.heads * tp, cfg.heads);
-      assert_int_equal(m.kv_heads * tp, cfg.kv_heads);
+      if (cfg.kv_heads >= tp) {
+        assert_int_equal(m.kv_heads * tp, cfg.kv_heads);
+        assert_int_equal(m.kv_rep, 1);
+      } else { /* one kv head, shared by tp / kv_heads ranks */
+        assert_int_equal(m.kv_heads, 1);
+        assert_int_equal(m.kv_rep * cfg.kv_heads, tp);
+      }
       assert_int_equal(m.hidden * tp, cfg.ffn_dim);
       assert_int_equal(m.vocab_start, r * cfg.vocab / tp);
       assert_int_equal(m.vocab_local * tp, cfg.vocab);
@@ -188,16 +224,25 @@ static void check_layout(zt_arch arch, int tied) {
     }
     for (int i = 0; i < whole.n_params; i++) {
       const zt_tensor_desc *w = &whole.params[i].t;
-      assert_int_equal(sum[i], w->numel * (w->shard.dim < 0 ? tp : 1));
+      int copies = w->shard.dim < 0 ? tp : 1;
+      if (ends(w->name, "attn.k.weight") || ends(w->name, "attn.v.weight"))
+        copies = cfg.kv_heads < tp ? tp / cfg.kv_heads : 1;
+      assert_int_equal(sum[i], w->numel * copies);
     }
     free(sum);
   }
   zt_model_free(&whole);
 }
 
-static void test_layout_gpt(void **state) { (void)state; check_layout(ZT_ARCH_GPT, 1); }
-static void test_layout_gpt_untied(void **state) { (void)state; check_layout(ZT_ARCH_GPT, 0); }
-static void test_layout_llama(void **state) { (void)state; check_layout(ZT_ARCH_LLAMA, 0); }
+static void test_layout_gpt(void **state) { (void)state; check_layout(ZT_ARCH_GPT, 1, 0); }
+static void test_layout_gpt_untied(void **state) { (void)state; check_layout(ZT_ARCH_GPT, 0, 0); }
+static void test_layout_llama(void **state) { (void)state; check_layout(ZT_ARCH_LLAMA, 0, 0); }
+/* tp 4 > kv_heads 2: kv head r / 2 on rank r; kv_heads 1: the one head everywhere */
+static void test_layout_llama_kv_rep(void **state) {
+  (void)state;
+  check_layout(ZT_ARCH_LLAMA, 0, 2);
+  check_layout(ZT_ARCH_LLAMA, 0, 1);
+}
 
 /* refused with a message holding each of the (up to 3) parts */
 static void expect_refused(const zt_model_cfg *c, int tp, const char *p1,
@@ -222,10 +267,17 @@ static void test_tp_check(void **state) {
   g = small_cfg(ZT_ARCH_GPT);
   g.vocab = 50257;
   expect_refused(&g, 2, "tp = 2 does not divide vocab = 50257", "pad vocab to 50258", NULL);
-  zt_model_cfg l = small_cfg(ZT_ARCH_LLAMA); /* heads 24, ffn 120 */
+  zt_model_cfg l = small_cfg(ZT_ARCH_LLAMA); /* heads 24, ffn 120, vocab 96 */
   l.kv_heads = 4;
-  expect_refused(&l, 3, "tp = 3 does not divide kv_heads = 4", "multiple of tp",
-                 "work for this model: 1, 2, 4");
+  expect_refused(&l, 3, "tp = 3 does not divide kv_heads = 4", "or tp a multiple of kv_heads",
+                 "work for this model: 1, 2, 4, 8, 12, 24");
+  /* tp a multiple of kv_heads: replicated kv heads */
+  assert_int_equal(zt_model_tp_check(&l, 8, &e), ZT_OK);
+  l.kv_heads = 2;
+  assert_int_equal(zt_model_tp_check(&l, 4, &e), ZT_OK);
+  l.kv_heads = 8;
+  expect_refused(&l, 12, "tp = 12 does not divide kv_heads = 8", "replicated over tp/kv_heads",
+                 "work for this model: 1, 2, 4, 8, 24");
   l.ffn_dim = 90;
   expect_refused(&l, 4, "tp = 4 does not divide ffn_dim = 90", NULL, NULL);
   expect_refused(&l, 0, "tp must be >= 1", NULL, NULL);
@@ -238,7 +290,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cover),        cmocka_unit_test(test_qkv_rows),
       cmocka_unit_test(test_layout_gpt),   cmocka_unit_test(test_layout_gpt_untied),
-      cmocka_unit_test(test_layout_llama), cmocka_unit_test(test_tp_check),
+      cmocka_unit_test(test_layout_llama), cmocka_unit_test(test_layout_llama_kv_rep),
+      cmocka_unit_test(test_replicated),   cmocka_unit_test(test_tp_check),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

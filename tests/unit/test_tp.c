@@ -11,9 +11,21 @@
  *     relative L2 per tensor (pieces summed over the ranks);
  *   - tensors that are whole on every rank (norms, positions, row-parallel
  *     biases) get bit-identical gradients on all ranks, so they need no
- *     reduction over tp.
- * Models: gpt tied, gpt untied, llama with kv_heads = P (GQA) and with
- * kv_heads = heads = 2P (MHA); head dim 8, 2 layers, seq 16, vocab 96. */
+ *     reduction over tp; a kv head replicated over tp/kv_heads ranks
+ *     (tp > kv_heads) gets bit-identical weights and gradients on all the
+ *     ranks sharing it, and its gradient was summed over them (tp.kv group).
+ *   - the bytes moved on the TP group (tp and tp.kv) are the formula of
+ *     docs/parallelism.md, per micro-batch and rank (ring volumes):
+ *       4 [((4L+2) N C + 3N) 2(P-1)/P + L 2 hd C 2(r-1)/r + sp Pn 2(P-1)/P]
+ *     (r = P/kv_heads when kv heads are replicated, else 1; Pn = the norm
+ *     parameters, whose gradients sequence parallelism sums over tp).
+ * Models: gpt tied, gpt untied, llama with kv_heads = P (GQA), with
+ * kv_heads = heads = 2P (MHA), and with fewer kv heads than ranks: P/2
+ * (P even; heads 8, kv_heads 2 at tp 4) and 1 (MQA; kv_heads 1 at tp 2 and
+ * at tp 4); head dim 8, 2 layers, seq 16, vocab 96. Each runs once as
+ * Megatron TP and once with sequence parallelism, whose activations must
+ * also be smaller; at P = 3 the N = 32 rows do not split, and init must
+ * refuse sequence parallelism with a message naming the numbers. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -63,19 +75,31 @@ static void cmp_run(void *p, int64_t local, int64_t global, int64_t n) {
   }
 }
 
-/* Every rank's whole-tensor piece against rank 0's, bit for bit. */
-static int same_on_all_ranks(const float *x, int64_t n) {
-  float *r0 = malloc((size_t)n * sizeof *r0);
-  if (!r0) abort();
-  memcpy(r0, x, (size_t)n * sizeof *r0);
-  MPI_Bcast(r0, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
-  int same = !memcmp(r0, x, (size_t)n * sizeof *r0), all;
-  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-  free(r0);
-  return all;
+/* Every rank's copy of a piece held by several ranks against the copy of
+ * the piece's designated holder (zt_shard_counts_here: rank 0 for whole
+ * tensors, the first rank of each kv group for replicated kv heads), bit
+ * for bit. Ranks are TP ranks: the tp group is MPI_COMM_WORLD. */
+static int same_on_all_holders(const zt_tensor_desc *t, const float *x, int P) {
+  int64_t n = t->numel;
+  float *all = malloc((size_t)(n * P) * sizeof *all);
+  if (!all) abort();
+  MPI_Allgather(x, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+  int same = 1, holder = 0;
+  for (int r = 0; r < P; r++) {
+    if (zt_shard_counts_here(t, r, P)) holder = r;
+    same &= !memcmp(all + (int64_t)holder * n, all + (int64_t)r * n, (size_t)n * sizeof *all);
+  }
+  free(all);
+  return same;
 }
 
-static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp) {
+/* Held by more than one TP rank: whole, or cut in fewer slices than ranks. */
+static int replicated(const zt_tensor_desc *t, int P) {
+  return t->shard.dim < 0 || t->shard.count < P;
+}
+
+static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
+                     size_t *act_bytes) {
   const zt_backend *be = zt_backend_cpu();
   zt_model whole, part;
   zt_err e;
@@ -88,7 +112,7 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp) {
 
   /* weights: each piece is exactly its logical elements */
   float *ww = fetch(&whole, whole.w, whole.numel), *pw = fetch(&part, part.w, part.numel);
-  int bad_init = 0;
+  int bad_init = 0, P = part.tp_size;
   for (int i = 0; i < part.n_params; i++) {
     const zt_tensor_desc *t = &part.params[i].t;
     cmp_ctx c = {pw + t->offset, ww + whole.params[i].t.offset, 0, 0, 1};
@@ -96,6 +120,9 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp) {
     CHECK(c.exact, "%s: %s after init differs from the tp = 1 model", label, t->name);
     bad_init += !c.exact;
   }
+  CHECK(part.kv_rep == (cfg->kv_heads < P ? P / cfg->kv_heads : 1) && (part.kv_rep > 1) == !!part.kv,
+        "%s: kv_rep %d for kv_heads %d at tp %d", label, part.kv_rep, cfg->kv_heads, P);
+  uint64_t kv0 = part.kv ? part.kv->calls[ZT_OP_ALLREDUCE] : 0, bytes0 = zt_model_tp_bytes(&part);
 
   /* two micro-batches, gradients accumulating; tokens from every shard */
   int N = B * cfg->seq;
@@ -115,32 +142,56 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp) {
     CHECK(lmin == lmax, "%s: loss differs across TP ranks (%.9g..%.9g)", label, lmin, lmax);
   }
 
-  /* gradients, tensor by tensor */
+  /* traffic on the TP group against the formula */
+  double L = cfg->layers, C = cfg->dim, hd = C / cfg->heads, r = part.kv_rep, norm_p = 0;
+  for (int i = 0; i < part.n_params; i++)
+    if (strstr(part.params[i].t.name, "norm")) norm_p += (double)part.params[i].t.numel;
+  double want = 2 * 4 * (((4 * L + 2) * N * C + 3.0 * N) * 2 * (P - 1) / P +
+                         L * 2 * hd * C * 2 * (r - 1) / r +
+                         (part.sp ? norm_p * 2 * (P - 1) / P : 0));
+  double got = (double)(zt_model_tp_bytes(&part) - bytes0);
+  CHECK(fabs(got - want) <= 1e-6 * want, "%s: %.0f bytes on the TP group, formula %.0f", label,
+        got, want);
+
+  /* one all-reduce of the k, v gradient per block and micro-batch */
+  if (part.kv) {
+    uint64_t calls = part.kv->calls[ZT_OP_ALLREDUCE] - kv0;
+    CHECK(calls == 2 * (uint64_t)cfg->layers, "%s: %llu all-reduces on tp.kv, want %d",
+          label, (unsigned long long)calls, 2 * cfg->layers);
+  }
+
+  /* gradients, tensor by tensor; each logical element counted once */
   float *wg = fetch(&whole, whole.g, whole.numel), *pg = fetch(&part, part.g, part.numel);
   double worst = 0;
   const char *worst_name = "";
-  int n_whole = 0, whole_same = 1;
+  int n_rep = 0, rep_same = 1;
   for (int i = 0; i < part.n_params; i++) {
     const zt_tensor_desc *t = &part.params[i].t;
     cmp_ctx c = {pg + t->offset, wg + whole.params[i].t.offset, 0, 0, 1};
     zt_shard_runs(t, &c, cmp_run);
-    double s[2] = {c.d2, c.r2};
+    int here = zt_shard_counts_here(t, part.tp_rank, P);
+    double s[2] = {here ? c.d2 : 0, here ? c.r2 : 0};
     MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     double rel = s[1] > 0 ? sqrt(s[0] / s[1]) : sqrt(s[0]);
     CHECK(rel <= GRAD_TOL, "%s: gradient of %s rel L2 %.2e", label, t->name, rel);
     if (rel > worst) worst = rel, worst_name = t->name;
-    if (t->shard.dim < 0) {
-      int same = same_on_all_ranks(pg + t->offset, t->numel);
-      CHECK(same, "%s: gradient of whole tensor %s differs across TP ranks", label, t->name);
-      whole_same &= same;
-      n_whole++;
+    if (replicated(t, P)) {
+      int same = same_on_all_holders(t, pg + t->offset, P) &&
+                 same_on_all_holders(t, pw + t->offset, P);
+      CHECK(same, "%s: %s (held by %d ranks) differs between them", label, t->name,
+            P / (t->shard.dim < 0 ? 1 : t->shard.count));
+      rep_same &= same;
+      n_rep++;
     }
   }
   if (rank == 0)
-    printf("  %-14s tp=%d: weights %s; loss rel %.1e; worst grad rel L2 %.1e (%s); "
-           "%d whole tensors' grads %s on all ranks\n",
-           label, part.tp_size, bad_init ? "DIFFER" : "bit-identical", worst_loss, worst,
-           worst_name, n_whole, whole_same ? "identical" : "DIFFER");
+    printf("  %-14s %s tp=%d kv_rep=%d: weights %s; loss rel %.1e; worst grad rel L2 %.1e (%s); "
+           "%d replicated tensors' grads %s on their ranks; tp bytes %.0f (formula %.0f); "
+           "activations %zu bytes\n",
+           label, part.sp ? "sp" : "  ", P, part.kv_rep, bad_init ? "DIFFER" : "bit-identical",
+           worst_loss, worst, worst_name, n_rep, rep_same ? "identical" : "DIFFER", got, want,
+           part.act_bytes);
+  *act_bytes = part.act_bytes;
   free(ww); free(pw); free(wg); free(pg); free(tok);
   zt_model_free(&whole);
   zt_model_free(&part);
@@ -168,12 +219,35 @@ int main(int argc, char **argv) {
   zt_model_cfg llama = {.arch = ZT_ARCH_LLAMA, .vocab = 96, .seq = T, .dim = 16 * P,
                         .layers = 2, .heads = 2 * P, .kv_heads = P, .ffn_dim = 40 * P,
                         .norm_eps = 1e-5f, .rope_theta = 10000};
-  zt_model_cfg mha = llama;
+  zt_model_cfg mha = llama, half = llama, mqa = llama;
   mha.kv_heads = 2 * P;
-  run_case("gpt tied", &gpt, &tp);
-  run_case("gpt untied", &untied, &tp);
-  run_case("llama gqa", &llama, &tp);
-  run_case("llama mha", &mha, &tp);
+  half.kv_heads = P / 2; /* kv heads replicated over 2 ranks */
+  mqa.kv_heads = 1;      /* one kv head on every rank */
+  struct { const char *label; zt_model_cfg *cfg; } cases[] = {
+      {"gpt tied", &gpt},   {"gpt untied", &untied},     {"llama gqa", &llama},
+      {"llama mha", &mha},  {"llama kv P/2", &half},     {"llama mqa", &mqa}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    zt_model_cfg c = *cases[k].cfg;
+    /* kv_heads P/2: only where it is neither 0 nor 1 (= llama mqa) */
+    if (cases[k].cfg == &half && (P % 2 || P == 2)) continue;
+    size_t plain = 0, split = 0;
+    run_case(cases[k].label, &c, &tp, &plain);
+    c.sequence_parallel = 1;
+    if ((B * T) % P) { /* P = 3: refused, with the numbers */
+      zt_model m;
+      zt_err e = {0};
+      int rc = zt_model_init(&m, &c, zt_backend_cpu(), B, &tp, &e);
+      CHECK(rc == ZT_EINPUT && strstr(e.msg, "the 32 rows of a micro-batch") &&
+                strstr(e.msg, "tp = 3"), "%s: sequence parallelism at tp 3 not refused: %s",
+            cases[k].label, e.msg);
+      if (!rc) zt_model_free(&m);
+      if (rank == 0 && k == 0) printf("  refused as it should: %s\n", e.msg);
+      continue;
+    }
+    run_case(cases[k].label, &c, &tp, &split);
+    CHECK(split < plain, "%s: activations with sequence parallelism %zu bytes, without %zu",
+          cases[k].label, split, plain);
+  }
 
   /* the group ran collectives: bytes were counted on it */
   CHECK(tp.calls[ZT_OP_ALLREDUCE] > 0, "no all-reduce was counted on the tp group");
