@@ -122,6 +122,10 @@ void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n) {
   allreduce(c, x, n, MPI_DOUBLE, sizeof *x, MPI_SUM);
 }
 
+void zt_comm_allreduce_u64(zt_comm *c, uint64_t *x, size_t n) {
+  allreduce(c, x, n, MPI_UINT64_T, sizeof *x, MPI_SUM);
+}
+
 void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root) {
   uint64_t seq = start(c, ZT_OP_BCAST, c->size > 1 ? (double)bytes : 0);
   if (c->size == 1) return;

@@ -59,6 +59,8 @@ uint64_t zt_comm_total_bytes(const zt_comm *c);
 void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n);
 void zt_comm_allreduce_max_f32(zt_comm *c, float *x, size_t n);
 void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n);
+/* Sum modulo 2^64 (checksums). */
+void zt_comm_allreduce_u64(zt_comm *c, uint64_t *x, size_t n);
 void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root);
 /* Gathers `n` floats from every member to `root` (recv: size*n floats). */
 void zt_comm_gather_f32(zt_comm *c, const float *send, float *recv, size_t n, int root);

@@ -4,11 +4,24 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <jansson.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
+
+static const char *const groups[3] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
+
+uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first) {
+  uint64_t s = 0;
+#pragma omp parallel for reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += XXH3_64bits_withSeed(&x[i], sizeof *x, (uint64_t)(first + i));
+  return s;
+}
+
+/* ---- attributes ----------------------------------------------------------- */
 
 static int write_str_attr(hid_t obj, const char *name, const char *value) {
   hid_t type = H5Tcopy(H5T_C_S1);
@@ -22,13 +35,26 @@ static int write_str_attr(hid_t obj, const char *name, const char *value) {
   return rc < 0;
 }
 
-static int write_i64_attr(hid_t obj, const char *name, long long value) {
+static int write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem_type,
+                             const void *value) {
   hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-  herr_t rc = a < 0 ? -1 : H5Awrite(a, H5T_NATIVE_LLONG, &value);
+  hid_t a = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+  herr_t rc = a < 0 ? -1 : H5Awrite(a, mem_type, value);
   if (a >= 0) H5Aclose(a);
   H5Sclose(space);
   return rc < 0;
+}
+
+/* Reads a scalar numeric attribute; 0 on success. */
+static int read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *value) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  hid_t space = a < 0 ? -1 : H5Aget_space(a);
+  int ok = space >= 0 && H5Sget_simple_extent_type(space) == H5S_SCALAR &&
+           H5Aread(a, mem_type, value) >= 0;
+  if (space >= 0) H5Sclose(space);
+  if (a >= 0) H5Aclose(a);
+  return ok ? 0 : -1;
 }
 
 /* fsync a file or directory by path; a checkpoint is durable before the
@@ -48,172 +74,290 @@ static void shape_str(char *buf, size_t n, int ndim, const hsize_t *d) {
   if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
 }
 
-static int read_header(hid_t f, const char *path, long long *step, zt_err *e) {
-  char fmt[64] = "";
-  long long version = -1;
-  if (H5Aexists(f, "format") > 0) {
-    hid_t a = H5Aopen(f, "format", H5P_DEFAULT);
-    hid_t type = H5Aget_type(a);
-    size_t sz = H5Tget_size(type);
-    if (H5Tget_class(type) == H5T_STRING && !H5Tis_variable_str(type) && sz < sizeof fmt) {
-      hid_t mem = H5Tcopy(H5T_C_S1);
-      H5Tset_size(mem, sizeof fmt);
-      H5Aread(a, mem, fmt);
-      H5Tclose(mem);
+/* ---- where each state lives on this rank ------------------------------------ */
+
+/* Base pointer such that flat element i of state `which` (0 weights, 1
+ * exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range [lo, hi) present. */
+static float *state_at(const zt_zero *z, int which, int64_t *lo, int64_t *hi) {
+  int full = which == 0 ? z->cfg.stage < 3 : z->cfg.stage == 0;
+  *lo = full ? 0 : z->lo;
+  *hi = full ? z->numel : z->hi;
+  return which == 0 ? (z->cfg.stage < 3 ? z->w_full : z->w_shard) : which == 1 ? z->m : z->v;
+}
+
+/* ---- hyperslabs ------------------------------------------------------------ */
+
+/* Adds the logical image of local rectangle rows [r0, r1) x cols [c0, c1)
+ * of tensor t's piece to the selection, cutting it where the local piece is
+ * discontiguous in the logical tensor (slice and part boundaries). */
+static void select_rect(hid_t space, const zt_tensor_desc *t, int64_t r0, int64_t r1,
+                        int64_t c0, int64_t c1) {
+  int d = t->shard.dim < 0 || t->shard.count <= 1 ? -1 : t->shard.dim;
+  int64_t ls[ZT_MAX_DIMS];
+  zt_shard_local_shape(t, ls);
+  int g = t->shard.groups > 0 ? t->shard.groups : 1;
+  int64_t run = d < 0 ? INT64_MAX : ls[d] / g; /* local rows (or cols) that stay contiguous */
+  int64_t lo = d == 1 ? c0 : r0, hi = d == 1 ? c1 : r1;
+  for (int64_t x = lo; x < hi;) {
+    int64_t y = d < 0 ? hi : (x / run + 1) * run;
+    if (y > hi) y = hi;
+    int64_t gx = zt_shard_global_coord(t, x);
+    hsize_t start[2], count[2];
+    if (t->ndim == 1) {
+      start[0] = (hsize_t)gx;
+      count[0] = (hsize_t)(y - x);
+    } else if (d == 1) {
+      start[0] = (hsize_t)r0, count[0] = (hsize_t)(r1 - r0);
+      start[1] = (hsize_t)gx, count[1] = (hsize_t)(y - x);
+    } else {
+      start[0] = (hsize_t)gx, count[0] = (hsize_t)(y - x);
+      start[1] = (hsize_t)c0, count[1] = (hsize_t)(c1 - c0);
     }
-    H5Tclose(type);
-    H5Aclose(a);
+    H5Sselect_hyperslab(space, H5S_SELECT_OR, start, NULL, count, NULL);
+    x = y;
   }
-  if (strcmp(fmt, ZT_CKPT_FORMAT))
-    return zt_err_set(e, ZT_EINPUT, "%s is not a ztrain checkpoint (no format attribute \"%s\")",
-                      path, ZT_CKPT_FORMAT);
-  const char *names[] = {"format_version", "step"};
-  long long *vals[] = {&version, step};
-  for (int i = 0; i < 2; i++) {
-    hid_t a = H5Aexists(f, names[i]) > 0 ? H5Aopen(f, names[i], H5P_DEFAULT) : -1;
-    if (a < 0 || H5Aread(a, H5T_NATIVE_LLONG, vals[i]) < 0) {
-      if (a >= 0) H5Aclose(a);
-      return zt_err_set(e, ZT_EINPUT, "checkpoint %s: attribute %s missing or unreadable",
-                        path, names[i]);
-    }
-    H5Aclose(a);
+}
+
+/* Selects the logical image of local elements [a, b) of t's piece (row-major
+ * in the local shape). Tensors have 1 or 2 dimensions. The selection's
+ * row-major order equals the local order, so a contiguous buffer of b - a
+ * elements matches it. */
+static void select_local(hid_t space, const zt_tensor_desc *t, int64_t a, int64_t b) {
+  H5Sselect_none(space);
+  if (a >= b) return;
+  if (t->ndim == 1) {
+    select_rect(space, t, a, b, 0, 1);
+    return;
   }
-  if (version != ZT_CKPT_VERSION)
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s has format version %lld; this ztrain reads %d",
-                      path, version, ZT_CKPT_VERSION);
-  if (*step < 0)
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: negative step %lld", path, *step);
-  return ZT_OK;
-}
-
-static const char *const groups[3] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
-
-/* Largest tensor, logical (whole) or local (this rank's piece). */
-static int64_t max_numel(const zt_model *m, int logical) {
-  int64_t n = 1;
-  for (int i = 0; i < m->n_params; i++) {
-    const zt_tensor_desc *t = &m->params[i].t;
-    int64_t k = logical ? zt_tensor_numel(t) : t->numel;
-    if (k > n) n = k;
+  int64_t ls[ZT_MAX_DIMS];
+  zt_shard_local_shape(t, ls);
+  int64_t C = ls[1], ra = a / C, rb = b / C;
+  if (ra == rb) { /* inside one row */
+    select_rect(space, t, ra, ra + 1, a % C, b % C);
+    return;
   }
-  return n;
+  if (a % C) {
+    select_rect(space, t, ra, ra + 1, a % C, C);
+    ra++;
+  }
+  if (rb > ra) select_rect(space, t, ra, rb, 0, C);
+  if (b % C) select_rect(space, t, rb, rb + 1, 0, b % C);
 }
 
-typedef struct {
-  float *local;
-  float *logical;
-  int to_logical;
-} copy_ctx;
+/* Checksum of local elements [a, b) of t's piece that starts at data. */
+typedef struct { const float *data; int64_t a, b; uint64_t sum; } sum_ctx;
 
-static void copy_run(void *ctx, int64_t local, int64_t global, int64_t n) {
-  copy_ctx *c = ctx;
-  if (c->to_logical)
-    memcpy(c->logical + global, c->local + local, (size_t)n * sizeof(float));
-  else
-    memcpy(c->local + local, c->logical + global, (size_t)n * sizeof(float));
+static void sum_run(void *ctx, int64_t local, int64_t global, int64_t n) {
+  sum_ctx *c = ctx;
+  int64_t s = local > c->a ? local : c->a, e = local + n < c->b ? local + n : c->b;
+  if (e > s) c->sum += zt_ckpt_checksum(c->data + (s - c->a), e - s, global + (s - local));
 }
 
-/* Every rank agrees on rank 0's status and message. */
-static int share_status(zt_grid *g, int rc, zt_err *e) {
-  zt_comm_bcast(&g->world, &rc, sizeof rc, 0);
-  if (rc) zt_comm_bcast(&g->world, e->msg, sizeof e->msg, 0);
-  e->code = rc;
-  return rc;
+static uint64_t piece_checksum(const zt_tensor_desc *t, const float *data, int64_t a, int64_t b) {
+  sum_ctx c = {data, a, b, 0};
+  if (a < b) zt_shard_runs(t, &c, sum_run);
+  return c.sum;
 }
 
-static int create_file(const char *tmp, const zt_ckpt_state *s, const char *plan_json,
-                       hid_t *f) {
-  *f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (*f < 0) return 1;
-  int bad = write_str_attr(*f, "format", ZT_CKPT_FORMAT) ||
-            write_i64_attr(*f, "format_version", ZT_CKPT_VERSION) ||
-            write_i64_attr(*f, "step", *s->step) ||
-            write_str_attr(*f, "plan", plan_json ? plan_json : "{}");
-  const char *gs[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"};
-  for (int i = 0; i < 4 && !bad; i++) {
-    hid_t g = H5Gcreate2(*f, gs[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+/* The local elements [a, b) of t this rank counts once for the world: its
+ * ZeRO range, if it is the designated holder of its TP piece. */
+static void counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int64_t *a,
+                          int64_t *b) {
+  const zt_model *m = s->m;
+  int64_t off = t->offset, lo = s->z->lo, hi = s->z->hi;
+  *a = (lo > off ? lo : off) - off;
+  *b = (hi < off + t->numel ? hi : off + t->numel) - off;
+  if (*b < *a || !zt_shard_counts_here(t, m->tp_rank, m->tp_size)) *a = *b = 0;
+}
+
+/* ---- save ------------------------------------------------------------------- */
+
+static char *record_json(const zt_ckpt_state *s, int topology) {
+  const zt_grid *g = s->grid;
+  json_t *o;
+  if (topology) {
+    o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b}", "world", g->world.size, "dp", g->dp, "tp",
+                  g->tp, "pp", g->pp, "zero", s->z->cfg.stage, "sequence_parallel",
+                  s->m->cfg.sequence_parallel);
+  } else {
+    int64_t next = *s->step * s->global_batch;
+    o = json_pack("{s:{s:I, s:I, s:I}, s:{s:I}, s:f}", "data", "epoch",
+                  (json_int_t)(s->samples ? next / s->samples : 0), "next_sample",
+                  (json_int_t)next, "samples_per_epoch", (json_int_t)s->samples, "rng", "seed",
+                  (json_int_t)s->seed, "loss_scale", 1.0);
+  }
+  char *txt = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return txt;
+}
+
+/* Root attributes and groups (collective: every rank passes the same). */
+static int write_record(hid_t f, const zt_ckpt_state *s) {
+  long long version = ZT_CKPT_VERSION, step = *s->step;
+  char *topo = record_json(s, 1), *state = record_json(s, 0);
+  int bad = write_str_attr(f, "format", ZT_CKPT_FORMAT) ||
+            write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_LLONG, &version) ||
+            write_scalar_attr(f, "step", H5T_STD_I64LE, H5T_NATIVE_LLONG, &step) ||
+            write_str_attr(f, "plan", s->plan_json ? s->plan_json : "{}") ||
+            write_str_attr(f, "topology", topo) || write_str_attr(f, "state", state);
+  free(topo);
+  free(state);
+  const char *gs[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/master"};
+  for (int i = 0; i < 5 && !bad; i++) {
+    hid_t g = H5Gcreate2(f, gs[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     bad = g < 0;
     if (g >= 0) H5Gclose(g);
   }
   return bad;
 }
 
-static int write_tensor(hid_t f, const char *group, const zt_tensor_desc *t,
-                        const float *data) {
-  hsize_t dims[ZT_MAX_DIMS];
-  for (int d = 0; d < t->ndim; d++) dims[d] = (hsize_t)t->shape[d];
-  char path[ZT_NAME_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", group, t->name);
-  hid_t space = H5Screate_simple(t->ndim, dims, NULL);
-  hid_t ds = H5Dcreate2(f, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  int bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0;
+/* The script as a 1-D byte dataset: it may exceed an attribute's 64 KiB. */
+static int write_script(hid_t f, const char *text, int rank0, hid_t dxpl) {
+  hsize_t n = text ? strlen(text) : 0;
+  hid_t space = H5Screate_simple(1, &n, NULL);
+  hid_t ds = H5Dcreate2(f, "/script", H5T_NATIVE_UCHAR, space, H5P_DEFAULT, H5P_DEFAULT,
+                        H5P_DEFAULT);
+  hsize_t one = n ? n : 1;
+  hid_t mem = H5Screate_simple(1, &one, NULL);
+  if (!rank0 || !n) {
+    H5Sselect_none(space);
+    H5Sselect_none(mem);
+  }
+  int bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_UCHAR, mem, space, dxpl, n ? text : "") < 0;
   if (ds >= 0) H5Dclose(ds);
+  H5Sclose(mem);
   H5Sclose(space);
   return bad;
 }
 
-int zt_ckpt_save(const char *path, const zt_ckpt_state *s, const char *plan_json,
-                 zt_err *e) {
-  const zt_model *m = s->m;
-  zt_grid *g = s->grid;
-  int rank0 = g->world.rank == 0, bad = 0;
-  size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
-  snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
-  hid_t f = -1;
-  if (rank0) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    errno = 0;
-    bad = create_file(tmp, s, plan_json, &f);
-  }
-  zt_comm_bcast(&g->world, &bad, sizeof bad, 0);
-  /* Host staging of this rank's whole TP-local state (one kind at a time);
-   * the parallel format of the next version writes hyperslabs instead. */
-  int64_t maxl = max_numel(m, 1);
-  float *full = malloc((size_t)m->numel * sizeof *full);
-  float *pieces = malloc((size_t)(g->tp * max_numel(m, 0)) * sizeof *pieces);
-  float *logical = rank0 ? malloc((size_t)maxl * sizeof *logical) : NULL;
-  if (!full || !pieces || (rank0 && !logical)) bad = 1;
-  for (int which = 0; which < 3 && !bad; which++) {
-    zt_zero_gather_state(s->z, which, full);
-    if (g->dp_rank != 0) continue;
-    for (int i = 0; i < m->n_params; i++) {
-      const zt_tensor_desc *t = &m->params[i].t;
-      zt_comm_gather_f32(&g->tp_comm, full + t->offset, pieces, (size_t)t->numel, 0);
-      if (!rank0) continue;
-      zt_tensor_desc piece = *t;
-      for (int r = 0; r < g->tp; r++) {
-        /* a whole tensor or a replicated kv head: take one copy */
-        if (!zt_shard_counts_here(t, r, g->tp)) continue;
-        piece.shard.index = zt_shard_index_at(t, r, g->tp);
-        copy_ctx c = {pieces + (int64_t)r * t->numel, logical, 1};
-        zt_shard_runs(&piece, &c, copy_run);
-      }
-      bad = bad || write_tensor(f, groups[which], t, logical);
-    }
-  }
-  if (rank0) {
-    if (f >= 0 && H5Fclose(f) < 0) bad = 1;
-    if (!bad && sync_path(tmp)) bad = 1;
-    if (!bad && rename(tmp, path)) bad = 1;
-    if (bad) {
-      zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (%s)", path,
-                 errno ? strerror(errno) : "HDF5 error");
-      unlink(tmp);
-    } else {
-      char *dir = strdup(path);
-      sync_path(dirname(dir));
-      free(dir);
-    }
-  }
-  free(tmp);
-  free(full);
-  free(pieces);
-  free(logical);
-  return share_status(g, rank0 && bad ? ZT_ERUNTIME : 0, e);
+/* Writes this rank's part of tensor t of state `which`; adds its checksum. */
+static int write_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
+                        hid_t dxpl, uint64_t *sum) {
+  hsize_t dims[ZT_MAX_DIMS];
+  for (int d = 0; d < t->ndim; d++) dims[d] = (hsize_t)t->shape[d];
+  char path[ZT_NAME_MAX + 32];
+  snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
+  hid_t fspace = H5Screate_simple(t->ndim, dims, NULL);
+  hid_t ds = H5Dcreate2(f, path, H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  int64_t a, b, lo, hi;
+  counted_range(s, t, &a, &b);
+  const float *base = state_at(s->z, which, &lo, &hi);
+  const float *data = base + (t->offset + a - lo);
+  select_local(fspace, t, a, b);
+  hsize_t n = (hsize_t)(b > a ? b - a : 1);
+  hid_t mspace = H5Screate_simple(1, &n, NULL);
+  if (b <= a) H5Sselect_none(mspace);
+  /* host memory: the CUDA backend will stage through a pinned copy */
+  int bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0;
+  *sum = piece_checksum(t, data, a, b);
+  if (ds >= 0) H5Dclose(ds);
+  H5Sclose(mspace);
+  H5Sclose(fspace);
+  return bad;
 }
 
-/* Rank 0: every tensor of `group` exists with the model's logical shape. */
+static int set_checksum(hid_t f, int which, const zt_tensor_desc *t, uint64_t sum) {
+  char path[ZT_NAME_MAX + 32];
+  snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
+  hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
+  int bad = ds < 0 || write_scalar_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sum);
+  if (ds >= 0) H5Dclose(ds);
+  return bad;
+}
+
+int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
+  const zt_model *m = s->m;
+  zt_grid *g = s->grid;
+  int rank0 = g->world.rank == 0, bad = 0, np = m->n_params;
+  char tmp[4096];
+  int pid = (int)getpid();
+  zt_comm_bcast(&g->world, &pid, sizeof pid, 0); /* one temporary name for all */
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, pid);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  uint64_t *sums = calloc((size_t)3 * np, sizeof *sums);
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_fapl_mpio(fapl, g->world.mpi, MPI_INFO_NULL);
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  /* HDF5 makes its own MPI calls: none of ours may run meanwhile */
+  zt_comm_lock();
+  hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  bad = f < 0 || !sums || write_record(f, s) || write_script(f, s->script_text, rank0, dxpl);
+  for (int which = 0; which < 3 && !bad; which++)
+    for (int i = 0; i < np && !bad; i++)
+      bad = write_tensor(f, s, which, &m->params[i].t, dxpl, &sums[which * np + i]);
+  zt_comm_unlock();
+  /* a failure on any rank fails the file for all */
+  int any = bad;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, g->world.mpi);
+  if (!any) zt_comm_allreduce_u64(&g->world, sums, (size_t)3 * np);
+  zt_comm_lock();
+  for (int which = 0; which < 3 && !any; which++)
+    for (int i = 0; i < np && !any; i++)
+      any = set_checksum(f, which, &m->params[i].t, sums[which * np + i]);
+  for (int i = 0; i < np && !any; i++) { /* fp32 master weights = the parameters */
+    char src[ZT_NAME_MAX + 16], dst[ZT_NAME_MAX + 32];
+    snprintf(src, sizeof src, "/model/%s", m->params[i].t.name);
+    snprintf(dst, sizeof dst, "/optim/master/%s", m->params[i].t.name);
+    any = H5Lcreate_hard(f, src, f, dst, H5P_DEFAULT, H5P_DEFAULT) < 0;
+  }
+  if (f >= 0 && H5Fclose(f) < 0) any = 1;
+  zt_comm_unlock();
+  H5Pclose(fapl);
+  H5Pclose(dxpl);
+  free(sums);
+  int rc = ZT_OK;
+  if (rank0) {
+    errno = 0;
+    if (!any && (sync_path(tmp) || rename(tmp, path))) any = 1;
+    if (any) {
+      rc = zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (%s)", path,
+                      errno ? strerror(errno) : "HDF5 error");
+      unlink(tmp);
+    } else {
+      char dir[4096];
+      snprintf(dir, sizeof dir, "%s", path);
+      sync_path(dirname(dir));
+    }
+  }
+  zt_comm_bcast(&g->world, &rc, sizeof rc, 0);
+  if (rc) zt_comm_bcast(&g->world, e->msg, sizeof e->msg, 0);
+  e->code = rc;
+  return rc;
+}
+
+/* ---- load ------------------------------------------------------------------- */
+
+static int read_header(hid_t f, const char *path, long long *step, long long *version,
+                       zt_err *e) {
+  char fmt[64] = "";
+  if (H5Aexists(f, "format") > 0) {
+    hid_t a = H5Aopen(f, "format", H5P_DEFAULT);
+    hid_t type = a < 0 ? -1 : H5Aget_type(a);
+    if (type >= 0 && H5Tget_class(type) == H5T_STRING && !H5Tis_variable_str(type) &&
+        H5Tget_size(type) < sizeof fmt) {
+      hid_t mem = H5Tcopy(H5T_C_S1);
+      H5Tset_size(mem, sizeof fmt);
+      H5Aread(a, mem, fmt);
+      H5Tclose(mem);
+    }
+    if (type >= 0) H5Tclose(type);
+    if (a >= 0) H5Aclose(a);
+  }
+  if (strcmp(fmt, ZT_CKPT_FORMAT))
+    return zt_err_set(e, ZT_EINPUT, "%s is not a ztrain checkpoint (no format attribute \"%s\")",
+                      path, ZT_CKPT_FORMAT);
+  if (read_scalar_attr(f, "format_version", H5T_NATIVE_LLONG, version) ||
+      read_scalar_attr(f, "step", H5T_NATIVE_LLONG, step))
+    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: attribute format_version or step missing",
+                      path);
+  if (*version < 1 || *version > ZT_CKPT_VERSION)
+    return zt_err_set(e, ZT_EINPUT, "checkpoint %s has format version %lld; this ztrain reads "
+                      "versions 1 to %d", path, *version, ZT_CKPT_VERSION);
+  if (*step < 0) return zt_err_set(e, ZT_EINPUT, "checkpoint %s: negative step %lld", path, *step);
+  return ZT_OK;
+}
+
+/* Every tensor of `group` exists with the model's logical shape. */
 static int check_group(hid_t f, const char *path, const char *group, const zt_model *m,
                        zt_err *e) {
   hid_t g = H5Gopen2(f, group, H5P_DEFAULT);
@@ -222,9 +366,8 @@ static int check_group(hid_t f, const char *path, const char *group, const zt_mo
   int rc = ZT_OK;
   if (H5Gget_info(g, &info) >= 0 && info.nlinks != (hsize_t)m->n_params)
     rc = zt_err_set(e, ZT_EINPUT,
-                    "checkpoint %s holds %llu tensors in %s, the model has %d: "
-                    "it is from another model", path,
-                    (unsigned long long)info.nlinks, group, m->n_params);
+                    "checkpoint %s holds %llu tensors in %s, the model has %d: it is from "
+                    "another model", path, (unsigned long long)info.nlinks, group, m->n_params);
   for (int i = 0; i < m->n_params && !rc; i++) {
     const zt_tensor_desc *t = &m->params[i].t;
     if (H5Lexists(g, t->name, H5P_DEFAULT) <= 0) {
@@ -247,15 +390,13 @@ static int check_group(hid_t f, const char *path, const char *group, const zt_mo
       rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: cannot read %s/%s", path, group, t->name);
     } else if (!same) {
       char have_s[96], want_s[96];
-      shape_str(have_s, sizeof have_s, nd > ZT_MAX_DIMS ? 0 : nd, dims);
+      shape_str(have_s, sizeof have_s, nd > ZT_MAX_DIMS || nd < 0 ? 0 : nd, dims);
       shape_str(want_s, sizeof want_s, t->ndim, want);
       rc = zt_err_set(e, ZT_EINPUT,
-                      "checkpoint %s: tensor %s has shape %s%s, the model expects %s",
-                      path, t->name, have_s, nd > ZT_MAX_DIMS ? " (too many dimensions)" : "",
-                      want_s);
-    } else if (H5Tget_class(type) != H5T_FLOAT) {
-      rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s is not floating point", path,
-                      t->name);
+                      "checkpoint %s: tensor %s has shape %s%s, the model expects %s", path,
+                      t->name, have_s, nd > ZT_MAX_DIMS ? " (too many dimensions)" : "", want_s);
+    } else if (H5Tget_class(type) != H5T_FLOAT || H5Tget_size(type) != 4) {
+      rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s is not float32", path, t->name);
     }
     if (type >= 0) H5Tclose(type);
     if (space >= 0) H5Sclose(space);
@@ -265,68 +406,86 @@ static int check_group(hid_t f, const char *path, const char *group, const zt_mo
   return rc;
 }
 
-/* Rank 0: opens and checks the whole file before anyone changes state. */
-static int open_checked(const char *path, const zt_model *m, hid_t *f, long long *step,
-                        int *has_optim, zt_err *e) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  if (access(path, R_OK))
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: %s", path, strerror(errno));
-  if (H5Fis_hdf5(path) <= 0)
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s is not an HDF5 file (damaged or truncated?)", path);
-  *f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (*f < 0)
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s cannot be opened (damaged or truncated?)", path);
-  int rc = read_header(*f, path, step, e);
-  *has_optim = !rc && H5Lexists(*f, "/optim", H5P_DEFAULT) > 0;
-  for (int w = 0; w < (*has_optim ? 3 : 1) && !rc; w++) rc = check_group(*f, path, groups[w], m, e);
-  return rc;
+/* Reads what this rank holds of tensor t of state `which`; returns the
+ * checksum of the part it counts, and the stored checksum in *want. */
+static int read_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
+                       hid_t dxpl, uint64_t *got, uint64_t *want) {
+  char path[ZT_NAME_MAX + 32];
+  snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
+  hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
+  if (ds < 0) return 1;
+  int64_t lo, hi, off = t->offset;
+  float *base = state_at(s->z, which, &lo, &hi);
+  int64_t a = (lo > off ? lo : off) - off, b = (hi < off + t->numel ? hi : off + t->numel) - off;
+  if (b < a) a = b = 0;
+  hid_t fspace = H5Dget_space(ds);
+  select_local(fspace, t, a, b);
+  hsize_t n = (hsize_t)(b > a ? b - a : 1);
+  hid_t mspace = H5Screate_simple(1, &n, NULL);
+  if (b <= a) H5Sselect_none(mspace);
+  float *data = base + (off + a - lo);
+  int bad = H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0;
+  int64_t ca, cb;
+  counted_range(s, t, &ca, &cb); /* within [a, b): what this rank vouches for */
+  *got = bad || cb <= ca ? 0 : piece_checksum(t, data + (ca - a), ca, cb);
+  *want = 0;
+  if (read_scalar_attr(ds, "checksum", H5T_NATIVE_UINT64, want)) *want = 0;
+  H5Sclose(mspace);
+  H5Sclose(fspace);
+  H5Dclose(ds);
+  return bad;
 }
 
 int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   zt_model *m = s->m;
   zt_grid *g = s->grid;
-  int rank0 = g->world.rank == 0;
-  hid_t f = -1;
-  long long info[2] = {0, 0}; /* step, has_optim */
-  int has_optim = 0, rc = ZT_OK;
-  if (rank0) {
-    rc = open_checked(path, m, &f, &info[0], &has_optim, e);
-    info[1] = has_optim;
+  int np = m->n_params;
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  if (access(path, R_OK))
+    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: %s", path, strerror(errno));
+  if (H5Fis_hdf5(path) <= 0)
+    return zt_err_set(e, ZT_EINPUT, "checkpoint %s is not an HDF5 file (damaged or truncated?)",
+                      path);
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_fapl_mpio(fapl, g->world.mpi, MPI_INFO_NULL);
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  zt_comm_lock();
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
+  long long step = 0, version = 0;
+  int rc = f < 0 ? zt_err_set(e, ZT_EINPUT, "checkpoint %s cannot be opened (damaged or "
+                              "truncated?)", path)
+                 : read_header(f, path, &step, &version, e);
+  int optim = !rc && H5Lexists(f, "/optim", H5P_DEFAULT) > 0;
+  /* every rank reads the same header: the verdicts agree without talking */
+  for (int w = 0; w < (optim ? 3 : 1) && !rc; w++) rc = check_group(f, path, groups[w], m, e);
+  uint64_t *got = calloc((size_t)6 * np, sizeof *got), *want = got + 3 * np;
+  int bad = 0;
+  for (int which = 0; which < (optim ? 3 : 1) && !rc && !bad; which++)
+    for (int i = 0; i < np && !bad; i++)
+      bad = read_tensor(f, s, which, &m->params[i].t, dxpl, &got[which * np + i],
+                        &want[which * np + i]);
+  if (f >= 0) H5Fclose(f);
+  zt_comm_unlock();
+  H5Pclose(dxpl);
+  if (rc) {
+    free(got);
+    return rc;
   }
-  if (share_status(g, rc, e)) {
-    if (f >= 0) H5Fclose(f);
-    return e->code;
+  int any = bad;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, g->world.mpi);
+  if (any) {
+    free(got);
+    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading tensor data failed (file damaged or "
+                      "truncated?)", path);
   }
-  zt_comm_bcast(&g->world, info, sizeof info, 0);
-  int64_t maxl = max_numel(m, 1);
-  float *full = malloc((size_t)m->numel * sizeof *full);
-  float *logical = malloc((size_t)maxl * sizeof *logical);
-  int bad = !full || !logical;
-  for (int which = 0; which < (info[1] ? 3 : 1) && !bad; which++) {
-    for (int i = 0; i < m->n_params; i++) {
-      const zt_tensor_desc *t = &m->params[i].t;
-      int64_t n = zt_tensor_numel(t);
-      if (rank0) {
-        char p[ZT_NAME_MAX + 32];
-        snprintf(p, sizeof p, "%s/%s", groups[which], t->name);
-        hid_t ds = H5Dopen2(f, p, H5P_DEFAULT);
-        bad = bad || ds < 0 ||
-              H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, logical) < 0;
-        if (ds >= 0) H5Dclose(ds);
-      }
-      zt_comm_bcast(&g->world, logical, (size_t)n * sizeof *logical, 0);
-      copy_ctx c = {full + t->offset, logical, 0};
-      zt_shard_runs(t, &c, copy_run);
-    }
-    zt_zero_scatter_state(s->z, which, full);
-  }
-  if (rank0) H5Fclose(f);
-  free(full);
-  free(logical);
-  if (share_status(g, rank0 && bad ? zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading "
-                                                "tensor data failed (file damaged?)", path)
-                                   : 0, e))
-    return e->code;
-  if (info[1]) *s->step = info[0];
-  return ZT_OK;
+  zt_comm_allreduce_u64(&g->world, got, (size_t)3 * np);
+  for (int which = 0; which < (optim ? 3 : 1) && version >= 2 && !rc; which++)
+    for (int i = 0; i < np && !rc; i++)
+      if (got[which * np + i] != want[which * np + i])
+        rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s/%s fails its checksum (file "
+                        "damaged?)", path, groups[which], m->params[i].t.name);
+  free(got);
+  if (!rc && optim) *s->step = step;
+  return rc;
 }

@@ -1,12 +1,19 @@
-/* ckpt: checkpoint files. One HDF5 file holds every parameter under /model/
- * by its logical name and shape (PyTorch layout), the AdamW moments under
- * /optim/exp_avg/ and /optim/exp_avg_sq/, and root attributes: format
- * ("ztrain-checkpoint"), format_version, step and plan (the resolved run
- * description as JSON, for the record; never executed). Files are written
- * under a temporary name, synced, then renamed: a crash leaves either the
- * old file or the new one. See docs/checkpoint-format.md. */
+/* ckpt: checkpoint files (format version 2, docs/checkpoint-format.md).
+ * One HDF5 file holds every parameter under /model/ by its logical name and
+ * shape (PyTorch layout), the AdamW moments under /optim/exp_avg/ and
+ * /optim/exp_avg_sq/, the fp32 master weights as /optim/master/ (hard links
+ * to /model: in fp32 they are the parameters), a checksum per tensor, and
+ * the run's record: step, plan, script text, topology, data position.
+ * All ranks write collectively through MPI-IO, each the hyperslabs of the
+ * logical tensors that its ZeRO range of its TP piece covers (a piece held
+ * by several ranks is written by one); each rank reads exactly what it
+ * holds, whatever topology wrote the file. Files are written under a
+ * temporary name, synced, then renamed: a crash leaves the old file or the
+ * new one, never half of one. */
 #ifndef ZT_CKPT_H
 #define ZT_CKPT_H
+
+#include <stdint.h>
 
 #include "parallel/grid.h"
 #include "parallel/zero.h"
@@ -14,27 +21,33 @@
 #include "src/model/model.h"
 
 #define ZT_CKPT_FORMAT "ztrain-checkpoint"
-#define ZT_CKPT_VERSION 1
+#define ZT_CKPT_VERSION 2
 
-/* What a checkpoint reads and writes: the model's parameter table, the
- * ZeRO engine holding parameters and AdamW moments, the grid. */
+/* What a checkpoint reads and writes, and the record that goes with it. */
 typedef struct zt_ckpt_state {
   zt_model *m;
   zt_zero *z;
   zt_grid *grid;
-  int64_t *step; /* optimizer steps taken */
+  int64_t *step;           /* optimizer steps taken */
+  const char *plan_json;   /* the resolved plan */
+  const char *script_text; /* the Lua script, for the record */
+  int64_t global_batch;    /* samples per step: the data position is step * this */
+  int64_t samples;         /* samples in one epoch of the training data */
+  uint64_t seed;
 } zt_ckpt_state;
 
-/* Collective over the world. Every logical tensor is assembled from its
- * ZeRO shards (over dp) and TP pieces (over tp) and written by world rank
- * 0; every rank returns the same status. */
-int zt_ckpt_save(const char *path, const zt_ckpt_state *s, const char *plan_json,
-                 zt_err *e);
+/* Collective over the world. */
+int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e);
 
-/* Collective over the world. World rank 0 checks the file (format, every
- * tensor's name and logical shape, naming the first mismatch) and reads
- * it; every rank keeps its own piece of each tensor. The optimizer state
- * and step are loaded when the file has them. */
+/* Collective over the world. Checks the file (format, every tensor's name
+ * and logical shape, naming the first mismatch; then every checksum) and
+ * leaves each rank with its own pieces. Optimizer state and step are loaded
+ * when the file has them. On any error nothing is to be trusted: the caller
+ * stops or tries another file. */
 int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e);
+
+/* The sum over elements i of XXH3_64bits_withSeed(&x[i], 4, first + i):
+ * a per-tensor checksum that ranks holding different pieces can add up. */
+uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first);
 
 #endif

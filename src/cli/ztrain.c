@@ -7,6 +7,7 @@
 #include <libgen.h>
 #include <mpi.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/data/data.h"
 #include "src/train/report.h"
@@ -40,6 +42,8 @@ static const char usage[] =
     "                   e.g. -e 'train.steps = 10'\n"
     "      --steps N    total optimizer steps (sets train.steps)\n"
     "      --load PATH  start from this checkpoint (weights, optimizer, step)\n"
+    "      --resume auto  start from the newest checkpoint in checkpoint.dir that\n"
+    "                   loads (skipping damaged ones), or from scratch if none\n"
     "      --save PATH  write a checkpoint when training ends\n"
     "                   (--steps 0 --save init.h5 writes the initial model)\n"
     "      --metrics PATH  write one JSON object per step (JSON Lines)\n"
@@ -54,13 +58,16 @@ static const char usage[] =
     "ztrain's token file format; --val writes the last --val-fraction\n"
     "(default 0.1) of the text to a second file.\n"
     "\n"
+    "SIGTERM or SIGUSR1 (Slurm's warning signal) writes a checkpoint into\n"
+    "checkpoint.dir at the end of the current step, then ends the run (exit 0).\n"
+    "\n"
     "Exit status: 0 success, 1 runtime failure, 2 bad input.\n"
     "Documentation: docs/ (script keys: docs/script.md).\n";
 
 typedef struct {
   char **stmts;
   int nstmts;
-  const char *script, *load, *save, *metrics;
+  const char *script, *load, *save, *metrics, *resume;
 } cli_args;
 
 /* Every rank learns the first failing rank's status and message, so all
@@ -77,8 +84,8 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   static const struct option longopts[] = {
       {"steps", required_argument, 0, 's'}, {"load", required_argument, 0, 'l'},
       {"save", required_argument, 0, 'o'},  {"metrics", required_argument, 0, 'm'},
-      {"help", no_argument, 0, 'h'},        {"version", no_argument, 0, 'V'},
-      {0, 0, 0, 0}};
+      {"resume", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
+      {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   a->stmts = calloc((size_t)argc + 1, sizeof *a->stmts);
   const char *steps = NULL;
@@ -91,6 +98,7 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
       case 'l': a->load = optarg; break;
       case 'o': a->save = optarg; break;
       case 'm': a->metrics = optarg; break;
+      case 'r': a->resume = optarg; break;
       case 'h': return 'h';
       case 'V': return 'V';
       default:
@@ -108,6 +116,10 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
     snprintf(buf, sizeof buf, "train.steps = %lld", n);
     a->stmts[a->nstmts++] = strdup(buf);
   }
+  if (a->resume && a->load)
+    return zt_err_set(e, ZT_EINPUT, "--resume and --load both name a starting point; use one");
+  if (a->resume && strcmp(a->resume, "auto"))
+    a->load = a->resume, a->resume = NULL; /* --resume PATH is --load PATH */
   if (optind != argc - 1)
     return zt_err_set(e, ZT_EINPUT, optind == argc ? "no script given; usage: ztrain [OPTIONS] SCRIPT.lua"
                                                    : "one script expected, got %d arguments; see ztrain --help",
@@ -185,25 +197,17 @@ static void set_threads(void) {
   omp_set_num_threads(n > 0 ? n : 1);
 }
 
-/* checkpoint.every: dir/step_NNNNNNNN.h5, keeping the newest `keep`. */
-static int periodic_save(const zt_plan *p, const zt_ckpt_state *cs, zt_err *e) {
-  zt_comm *world = &cs->grid->world;
-  if (world->rank == 0 && mkdir(p->ckpt.dir, 0777) && errno != EEXIST)
-    zt_err_set(e, ZT_ERUNTIME, "cannot create checkpoint dir %s: %s", p->ckpt.dir,
-               strerror(errno));
-  if (agree(world, e->code, e)) return e->code;
-  size_t n = strlen(p->ckpt.dir) + 32;
-  char *path = malloc(n);
-  long long step = (long long)*cs->step;
-  snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, step);
-  int rc = zt_ckpt_save(path, cs, p->json, e);
-  long long old = step - (long long)p->ckpt.keep * p->ckpt.every;
-  if (!rc && world->rank == 0 && old > 0) {
-    snprintf(path, n, "%s/step_%08lld.h5", p->ckpt.dir, old);
-    unlink(path);
-  }
-  free(path);
-  return rc;
+/* SIGTERM / SIGUSR1: finish the step, checkpoint, stop. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+/* Whether any rank was signalled: all ranks stop at the same step. A
+ * watched collective, like every other one of the step. */
+static int any_signal(zt_comm *world) {
+  float sig = (float)stop_signal;
+  zt_comm_allreduce_max_f32(world, &sig, 1);
+  return (int)sig;
 }
 
 /* A --save into a folder that cannot be written would fail only after
@@ -284,8 +288,18 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                          plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
   }
   rc = agree(world, rc, e);
-  zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t};
+  zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t,
+                      .plan_json = plan.json, .script_text = plan.script_text,
+                      .global_batch = plan.train.global_batch, .samples = train_tok.samples,
+                      .seed = plan.train.seed};
   if (!rc && a->load) rc = zt_ckpt_load(a->load, &cs, e);
+  if (!rc && a->resume) {
+    char used[4096];
+    rc = zt_ckpt_dir_resume(plan.ckpt.dir, &cs, used, sizeof used, e);
+    if (!rc && rank0)
+      printf(*used ? "resuming from %s (step %lld)\n" : "no checkpoint in %s: starting at step 0\n",
+             *used ? used : plan.ckpt.dir, (long long)tr.t);
+  }
   if (!rc) {
     double peak = plan.train.peak_gflops;
     if (peak <= 0 && rank0 && plan.train.log_every > 0) peak = zt_report_measure_peak_gflops(be);
@@ -303,9 +317,19 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     int last = st.step == plan.train.steps;
     if (tr.has_val && ((plan.train.eval_every && st.step % plan.train.eval_every == 0) || last))
       zt_report_eval(&rep, st.step, zt_trainer_eval(&tr, plan.data.val_batches));
-    if (plan.ckpt.every && st.step % plan.ckpt.every == 0) rc = periodic_save(&plan, &cs, e);
+    int stop = any_signal(&grid.world);
+    const char *kill_at = getenv("ZT_TEST_KILL_AT_STEP"); /* test hook: a crash */
+    if (kill_at && atoll(kill_at) == st.step && world->rank == world->size - 1) raise(SIGKILL);
+    if ((plan.ckpt.every && st.step % plan.ckpt.every == 0) || stop) {
+      char path[4096];
+      rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs, path, sizeof path, e);
+      if (!rc && stop && rank0)
+        printf("ztrain: %s: checkpoint %s written at step %lld; stopping\n",
+               stop == SIGTERM ? "SIGTERM" : "SIGUSR1", path, (long long)tr.t);
+    }
+    if (stop) break;
   }
-  if (!rc && a->save) rc = zt_ckpt_save(a->save, &cs, plan.json, e);
+  if (!rc && a->save) rc = zt_ckpt_save(a->save, &cs, e);
 
   zt_report_close(&rep);
   zt_trainer_free(&tr);
@@ -336,6 +360,10 @@ int main(int argc, char **argv) {
   zt_comm_wrap(&world, "cli", MPI_COMM_WORLD, 0);
   if (!rc) {
     set_threads();
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
     rc = train_main(&a, &world, &e);
   }
   if (rc && world.rank == 0) fprintf(stderr, "ztrain: error: %s\n", e.msg);

@@ -239,6 +239,24 @@ static char *plan_json(const zt_plan *p) {
   return s;
 }
 
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 4096, n = 0, got;
+  char *buf = malloc(cap + 1);
+  while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) {
+      char *bigger = realloc(buf, (cap *= 2) + 1);
+      if (!bigger) free(buf);
+      buf = bigger;
+    }
+  }
+  fclose(f);
+  if (buf) buf[n] = 0;
+  return buf;
+}
+
 static int run_chunk(lua_State *L, int load_rc, zt_err *e) {
   if (load_rc == LUA_OK) load_rc = lua_pcall(L, 0, 0, 0);
   if (load_rc != LUA_OK) {
@@ -304,10 +322,12 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
                     "checkpoint.async = true is not supported by this version; "
                     "checkpoints are written synchronously (set async = false)");
   if (!rc) p->json = plan_json(p);
+  if (!rc) p->script_text = read_text(script);
   return rc;
 }
 
 void zt_plan_free(zt_plan *p) {
+  free(p->script_text);
   zt_schedule_report_free(&p->pipeline.report);
   zt_schedule_free(&p->pipeline.schedule);
   free(p->pipeline.first);

@@ -42,6 +42,7 @@ typedef struct zt_plan {
   zt_pipeline_cfg pipeline;
   zt_ckpt_cfg ckpt;
   char *script_path;
+  char *script_text; /* kept for the record in checkpoints; never run again */
   char *json; /* the resolved plan as JSON, stored in checkpoints */
 } zt_plan;
 

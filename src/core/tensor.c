@@ -34,6 +34,10 @@ static int64_t global_coord(const zt_tensor_desc *t, int64_t x) {
   return (x / slice) * part + (int64_t)s->index * slice + x % slice;
 }
 
+int64_t zt_shard_global_coord(const zt_tensor_desc *t, int64_t x) {
+  return whole(t) ? x : global_coord(t, x);
+}
+
 int64_t zt_shard_global_index(const zt_tensor_desc *t, int64_t local) {
   if (whole(t)) return local;
   int64_t ls[ZT_MAX_DIMS], inner = 1;

@@ -55,6 +55,10 @@ int zt_shard_index_at(const zt_tensor_desc *t, int tp_rank, int tp_size);
  * only designated pieces. */
 int zt_shard_counts_here(const zt_tensor_desc *t, int tp_rank, int tp_size);
 
+/* Logical coordinate along the cut dimension of local coordinate x along
+ * it (x itself for a whole tensor). */
+int64_t zt_shard_global_coord(const zt_tensor_desc *t, int64_t x);
+
 /* Shape of the local piece (the logical shape when whole). */
 void zt_shard_local_shape(const zt_tensor_desc *t, int64_t shape[ZT_MAX_DIMS]);
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 CHECKPOINT_FORMAT = "ztrain-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSIONS = (1, 2)
 
 TOKEN_MAGIC = b"ZTRAINTK"
 TOKEN_HEADER = struct.Struct("<8sIIQII")  # magic, version, token_bytes, count, vocab, reserved
@@ -64,8 +64,8 @@ def read_checkpoint(path: str) -> Checkpoint:
         if fmt != CHECKPOINT_FORMAT:
             raise ValueError(f"{path}: format attribute is {fmt!r}, expected {CHECKPOINT_FORMAT!r}")
         version = int(f.attrs.get("format_version", -1))
-        if version != CHECKPOINT_VERSION:
-            raise ValueError(f"{path}: format_version {version}, expected {CHECKPOINT_VERSION}")
+        if version not in CHECKPOINT_VERSIONS:
+            raise ValueError(f"{path}: format_version {version}, expected one of {CHECKPOINT_VERSIONS}")
         if "plan" not in f.attrs or "step" not in f.attrs:
             raise ValueError(f"{path}: missing 'plan' or 'step' attribute")
         plan = json.loads(_attr_str(f.attrs["plan"]))

@@ -1,0 +1,25 @@
+/* policy: a directory of checkpoints, as Slurm jobs that requeue need it:
+ * dir/step_NNNNNNNN.h5 per save, a `latest` file naming the newest (written
+ * last, by rename, so it always names a complete file), the newest `keep`
+ * kept; and resuming from the newest one that loads, falling back to older
+ * ones when the newest is damaged. */
+#ifndef ZT_CKPT_POLICY_H
+#define ZT_CKPT_POLICY_H
+
+#include <stddef.h>
+
+#include "src/ckpt/ckpt.h"
+
+/* Collective. Saves at the current step into dir, updates `latest`, removes
+ * the oldest beyond `keep`; *written gets the path (may be NULL). */
+int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, char *written,
+                     size_t n, zt_err *e);
+
+/* Collective. Loads the newest checkpoint of dir that loads cleanly (the
+ * one `latest` names first, then the others newest first); *used gets its
+ * path, empty when dir holds none (a fresh start). Rank 0 prints a warning
+ * for each checkpoint it had to skip. */
+int zt_ckpt_dir_resume(const char *dir, const zt_ckpt_state *s, char *used, size_t n,
+                       zt_err *e);
+
+#endif
