@@ -96,6 +96,8 @@ base "" > small.lua
 expect 2 "tensor embed.positions has shape [16, 32], the model expects [32, 32]" 1 \
   "$(base "model = zt.gpt{vocab = 256, seq = 32, dim = 32, layers = 1, heads = 2}")" --load other.h5
 expect 2 "is not an HDF5 file" 1 "$(base "")" --load ok.bin
+head -c 3000 other.h5 > cut.h5
+expect 2 "checkpoint cut.h5 cannot be opened (damaged or truncated?)" 1 "$(base "")" --load cut.h5
 expect 2 "--save nowhere/x.h5: cannot write to folder nowhere" 1 "$(base "")" --save nowhere/x.h5
 
 expect 2 "parallel: pp = 2: pipeline execution is not supported by this version yet" 1 \
