@@ -21,6 +21,7 @@
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
+#include "src/core/timer.h"
 #include "src/data/data.h"
 #include "src/train/report.h"
 #include "src/train/trainer.h"
@@ -210,6 +211,18 @@ static int any_signal(zt_comm *world) {
   return (int)sig;
 }
 
+/* Saves or loads `path`, and on rank 0 says how large and how fast. */
+static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_err *e) {
+  double t0 = zt_timer_now();
+  int rc = save ? zt_ckpt_save(path, cs, e) : zt_ckpt_load(path, cs, e);
+  double dt = zt_timer_now() - t0;
+  struct stat st;
+  if (!rc && cs->grid->world.rank == 0 && !stat(path, &st))
+    printf("checkpoint %s %s: %.1f MB in %.2f s (%.2f GB/s)\n", path, save ? "written" : "loaded",
+           st.st_size / 1e6, dt, dt > 0 ? st.st_size / dt / 1e9 : 0.0);
+  return rc;
+}
+
 /* A --save into a folder that cannot be written would fail only after
  * the whole run: find out before training. */
 static int check_save_path(const char *path, zt_err *e) {
@@ -292,7 +305,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                       .plan_json = plan.json, .script_text = plan.script_text,
                       .global_batch = plan.train.global_batch, .samples = train_tok.samples,
                       .seed = plan.train.seed};
-  if (!rc && a->load) rc = zt_ckpt_load(a->load, &cs, e);
+  if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
   if (!rc && a->resume) {
     char used[4096];
     rc = zt_ckpt_dir_resume(plan.ckpt.dir, &cs, used, sizeof used, e);
@@ -329,7 +342,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     }
     if (stop) break;
   }
-  if (!rc && a->save) rc = zt_ckpt_save(a->save, &cs, e);
+  if (!rc && a->save) rc = timed_ckpt(1, a->save, &cs, e);
 
   zt_report_close(&rep);
   zt_trainer_free(&tr);

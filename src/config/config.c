@@ -197,13 +197,18 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
 static int check_batch(zt_train_cfg *t, int dp, zt_err *e) {
   if (!t->global_batch) t->global_batch = t->micro_batch * dp;
   int per = t->micro_batch * dp;
-  if (t->global_batch % per)
+  if (t->global_batch % per) {
+    int below = t->global_batch / per * per, above = below + per;
+    if (below)
+      return zt_err_set(e, ZT_EINPUT,
+                        "train: global_batch %d is not divisible by micro_batch*dp = %d*%d = %d; "
+                        "use a multiple of %d, e.g. %d or %d", t->global_batch, t->micro_batch,
+                        dp, per, per, below, above);
     return zt_err_set(e, ZT_EINPUT,
-                      "train: global_batch %d is not divisible by micro_batch*dp = "
-                      "%d*%d = %d; use a multiple of %d, e.g. %d or %d",
-                      t->global_batch, t->micro_batch, dp, per, per,
-                      t->global_batch / per > 0 ? t->global_batch / per * per : per,
-                      (t->global_batch / per + 1) * per);
+                      "train: global_batch %d is not divisible by micro_batch*dp = %d*%d = %d; "
+                      "use a multiple of %d, e.g. %d, or a smaller micro_batch", t->global_batch,
+                      t->micro_batch, dp, per, per, above);
+  }
   t->accum = t->global_batch / per;
   return ZT_OK;
 }
