@@ -1,0 +1,148 @@
+/* ckpt_file: checkpoint files read on one process, for tools (zreshard)
+ * and, later, the trainer's loader. Opening a file reads and checks its
+ * whole structure once: format attributes, the run's record (plan, script,
+ * topology, state) and every tensor of /model, /optim/exp_avg,
+ * /optim/exp_avg_sq and /optim/master with its shape, element type,
+ * chunking and checksum. Everything taken from the file is bounds-checked
+ * before use (names, ranks, shapes, sizes, attribute types), so a damaged
+ * or hostile file is refused with a message naming what is wrong; nothing
+ * in a file is ever executed, and HDF5 is never asked to follow links,
+ * external or virtual storage, or filter plugins into other files or code.
+ * Formats read: version 1 (no checksums, no record beyond the plan) and
+ * version 2 (docs/checkpoint-format.md). Serial HDF5 only: no MPI needed. */
+#ifndef ZT_CKPT_FILE_H
+#define ZT_CKPT_FILE_H
+
+#include <stdint.h>
+
+#include "src/core/err.h"
+#include "src/core/tensor.h"
+#include "src/model/model.h"
+
+/* The tensor groups of a checkpoint, in file order. */
+typedef enum {
+  ZT_CKPT_MODEL = 0,      /* /model: parameters */
+  ZT_CKPT_EXP_AVG = 1,    /* /optim/exp_avg: AdamW first moment */
+  ZT_CKPT_EXP_AVG_SQ = 2, /* /optim/exp_avg_sq: AdamW second moment */
+  ZT_CKPT_MASTER = 3,     /* /optim/master: fp32 master weights (version 2) */
+  ZT_CKPT_NGROUPS = 4
+} zt_ckpt_group;
+
+/* "/model", "/optim/exp_avg", ... indexed by zt_ckpt_group. */
+extern const char *const zt_ckpt_group_path[ZT_CKPT_NGROUPS];
+
+/* Element types a checkpoint may store. bf16 is an HDF5 floating-point
+ * type of 16 bits (sign 15, exponent 7..14 with bias 127, mantissa 0..6),
+ * so HDF5 tools and h5py's astype('f4') read its values. */
+typedef enum { ZT_CKPT_F32 = 0, ZT_CKPT_BF16 = 1 } zt_ckpt_dtype;
+
+/* Limits on what a file may claim, far above any real checkpoint. */
+#define ZT_CKPT_MAX_TENSORS (1 << 20) /* per group */
+#define ZT_CKPT_MAX_NUMEL (INT64_C(1) << 40)
+#define ZT_CKPT_MAX_TEXT (64 << 20) /* bytes of a string attribute or the script */
+
+typedef struct zt_ckpt_tensor {
+  char name[ZT_NAME_MAX]; /* logical name: printable ASCII, no spaces */
+  zt_ckpt_group group;
+  zt_ckpt_dtype dtype;
+  int ndim; /* 1..ZT_MAX_DIMS */
+  int64_t shape[ZT_MAX_DIMS];
+  int64_t numel;
+  int chunked;                 /* stored in chunks of `chunk` elements */
+  int64_t chunk[ZT_MAX_DIMS];
+  int has_checksum;
+  uint64_t checksum;           /* stored checksum (valid if has_checksum) */
+  int link;                    /* /optim/master only: a hard link to the
+                                  /model tensor of the same name, so the
+                                  same data (not listed a second time) */
+} zt_ckpt_tensor;
+
+typedef struct zt_ckpt_file {
+  int64_t h5;   /* the open HDF5 file (hid_t) */
+  char *path;
+  int64_t version, step;
+  /* The run's record as stored: NUL-terminated text, NULL when absent. */
+  char *plan, *script, *topology, *state;
+  int has_optim; /* the file has /optim */
+  int n[ZT_CKPT_NGROUPS];                /* tensors per group */
+  zt_ckpt_tensor *tensors[ZT_CKPT_NGROUPS]; /* by name, per group */
+} zt_ckpt_file;
+
+/* The layout a file was written under (topology attribute, or the plan's
+ * parallel section for version 1 files). */
+typedef struct zt_ckpt_topology {
+  int world, dp, tp, pp, zero;
+  int from_plan; /* version 1: taken from the plan, not recorded */
+} zt_ckpt_topology;
+
+/* Opens `path` read-only and checks its structure. A missing file, one
+ * that is not HDF5, truncated, not a ztrain checkpoint, of another format
+ * version or with any malformed part: ZT_EINPUT with a message. The data
+ * of tensors is not read (see zt_ckpt_file_tensor_checksum). */
+int zt_ckpt_file_open(zt_ckpt_file *cf, const char *path, zt_err *e);
+void zt_ckpt_file_close(zt_ckpt_file *cf);
+
+/* The tensor `name` of group g, or NULL. */
+const zt_ckpt_tensor *zt_ckpt_file_find(const zt_ckpt_file *cf, zt_ckpt_group g,
+                                        const char *name);
+
+/* Reads the box start[d] .. start[d]+count[d]-1 of tensor t as float32,
+ * row-major, into out (prod(count) floats); start/count NULL: the whole
+ * tensor. bf16 is widened exactly. Any HDF5 failure: ZT_EINPUT ("damaged"). */
+int zt_ckpt_file_read(const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
+                      const int64_t *start, const int64_t *count, float *out,
+                      zt_err *e);
+
+/* Elements read at once when streaming a tensor: 2^24 (64 MiB of
+ * float32). Tests make it small to cut tiny tensors into many blocks. */
+extern int64_t zt_ckpt_file_block_elems;
+
+/* Reads tensor t in blocks of at most zt_ckpt_file_block_elems, in row-major order (so the
+ * blocks' values, concatenated, are the flat tensor), calling fn with each
+ * box (start, count), its n values and ctx; fn returns non-zero to stop,
+ * and that status is returned. */
+typedef int (*zt_ckpt_block_fn)(void *ctx, const zt_ckpt_tensor *t, const int64_t *start,
+                                const int64_t *count, const float *x, int64_t n);
+int zt_ckpt_file_each_block(const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
+                            zt_ckpt_block_fn fn, void *ctx, zt_err *e);
+
+/* Recomputes the checksum of tensor t from its data, reading it in blocks
+ * (bounded memory). */
+int zt_ckpt_file_tensor_checksum(const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
+                                 uint64_t *sum, zt_err *e);
+
+/* Reads a root attribute of the open file: a string (fixed or variable
+ * length, at most ZT_CKPT_MAX_TEXT bytes; *out malloc'ed, caller frees) or
+ * a 64-bit integer. Absent: ZT_OK with *out NULL / *present 0. Present
+ * but of another type or shape: ZT_EINPUT. */
+int zt_ckpt_file_attr_str(const zt_ckpt_file *cf, const char *name, char **out, zt_err *e);
+int zt_ckpt_file_attr_i64(const zt_ckpt_file *cf, const char *name, int64_t *v,
+                          int *present, zt_err *e);
+
+/* The model the plan describes (its "model" section), every number
+ * range-checked; no check of divisibility (zt_model_cfg_check does that). */
+int zt_ckpt_file_model_cfg(const zt_ckpt_file *cf, zt_model_cfg *cfg, zt_err *e);
+
+/* The layout that wrote the file. */
+int zt_ckpt_file_topology(const zt_ckpt_file *cf, zt_ckpt_topology *t, zt_err *e);
+
+/* Checks that group g holds exactly the tensors of the model table m
+ * (names and logical shapes), naming the first that is missing, extra or
+ * of another shape. */
+int zt_ckpt_file_check_model(const zt_ckpt_file *cf, zt_ckpt_group g, const zt_model *m,
+                             zt_err *e);
+
+/* Checksum contribution of a box (start, count) of tensor t whose values,
+ * row-major, are x. */
+uint64_t zt_ckpt_file_box_checksum(const zt_ckpt_tensor *t, const int64_t *start,
+                                   const int64_t *count, const float *x);
+
+/* float32 -> bfloat16, round to nearest, ties to even; NaN stays NaN. */
+uint16_t zt_bf16_from_f32(float x);
+float zt_bf16_to_f32(uint16_t b);
+
+/* A new HDF5 datatype id for bf16 as stored in checkpoints (the caller
+ * closes it with H5Tclose); < 0 on failure. */
+int64_t zt_ckpt_file_bf16_type(void);
+
+#endif
