@@ -1,11 +1,10 @@
 /* ckpt: see ckpt.h. */
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/h5util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <hdf5.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,51 +20,9 @@ uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first) {
   return s;
 }
 
-/* ---- attributes ----------------------------------------------------------- */
 
-static int write_str_attr(hid_t obj, const char *name, const char *value) {
-  hid_t type = H5Tcopy(H5T_C_S1);
-  H5Tset_size(type, strlen(value) ? strlen(value) : 1);
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-  herr_t rc = a < 0 ? -1 : H5Awrite(a, type, value);
-  if (a >= 0) H5Aclose(a);
-  H5Sclose(space);
-  H5Tclose(type);
-  return rc < 0;
-}
 
-static int write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem_type,
-                             const void *value) {
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
-  herr_t rc = a < 0 ? -1 : H5Awrite(a, mem_type, value);
-  if (a >= 0) H5Aclose(a);
-  H5Sclose(space);
-  return rc < 0;
-}
 
-/* Reads a scalar numeric attribute; 0 on success. */
-static int read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *value) {
-  if (H5Aexists(obj, name) <= 0) return -1;
-  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
-  hid_t space = a < 0 ? -1 : H5Aget_space(a);
-  int ok = space >= 0 && H5Sget_simple_extent_type(space) == H5S_SCALAR &&
-           H5Aread(a, mem_type, value) >= 0;
-  if (space >= 0) H5Sclose(space);
-  if (a >= 0) H5Aclose(a);
-  return ok ? 0 : -1;
-}
-
-/* fsync a file or directory by path; a checkpoint is durable before the
- * rename makes it visible. */
-static int sync_path(const char *path) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
-}
 
 static void shape_str(char *buf, size_t n, int ndim, const hsize_t *d) {
   int k = snprintf(buf, n, "[");
@@ -195,11 +152,11 @@ static char *record_json(const zt_ckpt_state *s, int topology) {
 static int write_record(hid_t f, const zt_ckpt_state *s) {
   long long version = ZT_CKPT_VERSION, step = *s->step;
   char *topo = record_json(s, 1), *state = record_json(s, 0);
-  int bad = write_str_attr(f, "format", ZT_CKPT_FORMAT) ||
-            write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_LLONG, &version) ||
-            write_scalar_attr(f, "step", H5T_STD_I64LE, H5T_NATIVE_LLONG, &step) ||
-            write_str_attr(f, "plan", s->plan_json ? s->plan_json : "{}") ||
-            write_str_attr(f, "topology", topo) || write_str_attr(f, "state", state);
+  int bad = zt_h5_write_str_attr(f, "format", ZT_CKPT_FORMAT) ||
+            zt_h5_write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_LLONG, &version) ||
+            zt_h5_write_scalar_attr(f, "step", H5T_STD_I64LE, H5T_NATIVE_LLONG, &step) ||
+            zt_h5_write_str_attr(f, "plan", s->plan_json ? s->plan_json : "{}") ||
+            zt_h5_write_str_attr(f, "topology", topo) || zt_h5_write_str_attr(f, "state", state);
   free(topo);
   free(state);
   const char *gs[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/master"};
@@ -260,7 +217,7 @@ static int set_checksum(hid_t f, int which, const zt_tensor_desc *t, uint64_t su
   char path[ZT_NAME_MAX + 32];
   snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
   hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
-  int bad = ds < 0 || write_scalar_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sum);
+  int bad = ds < 0 || zt_h5_write_scalar_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sum);
   if (ds >= 0) H5Dclose(ds);
   return bad;
 }
@@ -307,17 +264,9 @@ int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
   free(sums);
   int rc = ZT_OK;
   if (rank0) {
-    errno = 0;
-    if (!any && (sync_path(tmp) || rename(tmp, path))) any = 1;
-    if (any) {
-      rc = zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (%s)", path,
-                      errno ? strerror(errno) : "HDF5 error");
-      unlink(tmp);
-    } else {
-      char dir[4096];
-      snprintf(dir, sizeof dir, "%s", path);
-      sync_path(dirname(dir));
-    }
+    rc = any ? zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (HDF5 error)", path)
+             : zt_fs_publish(tmp, path, e);
+    if (rc) unlink(tmp);
   }
   zt_comm_bcast(&g->world, &rc, sizeof rc, 0);
   if (rc) zt_comm_bcast(&g->world, e->msg, sizeof e->msg, 0);
@@ -346,8 +295,8 @@ static int read_header(hid_t f, const char *path, long long *step, long long *ve
   if (strcmp(fmt, ZT_CKPT_FORMAT))
     return zt_err_set(e, ZT_EINPUT, "%s is not a ztrain checkpoint (no format attribute \"%s\")",
                       path, ZT_CKPT_FORMAT);
-  if (read_scalar_attr(f, "format_version", H5T_NATIVE_LLONG, version) ||
-      read_scalar_attr(f, "step", H5T_NATIVE_LLONG, step))
+  if (zt_h5_read_scalar_attr(f, "format_version", H5T_NATIVE_LLONG, version) ||
+      zt_h5_read_scalar_attr(f, "step", H5T_NATIVE_LLONG, step))
     return zt_err_set(e, ZT_EINPUT, "checkpoint %s: attribute format_version or step missing",
                       path);
   if (*version < 1 || *version > ZT_CKPT_VERSION)
@@ -429,7 +378,7 @@ static int read_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tens
   counted_range(s, t, &ca, &cb); /* within [a, b): what this rank vouches for */
   *got = bad || cb <= ca ? 0 : piece_checksum(t, data + (ca - a), ca, cb);
   *want = 0;
-  if (read_scalar_attr(ds, "checksum", H5T_NATIVE_UINT64, want)) *want = 0;
+  if (zt_h5_read_scalar_attr(ds, "checksum", H5T_NATIVE_UINT64, want)) *want = 0;
   H5Sclose(mspace);
   H5Sclose(fspace);
   H5Dclose(ds);

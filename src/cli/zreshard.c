@@ -18,17 +18,15 @@
 #include <unistd.h>
 
 #include "src/ckpt/ckpt_file.h"
+#include "src/ckpt/h5util.h"
 #include "src/core/err.h"
 #include "src/model/model.h"
+#include "src/cli/zreshard.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "dev"
 #endif
 
-/* A chunk of a converted tensor holds at most this many bytes: HDF5's
- * limit is 4 GiB, and a reader of one shard reads whole chunks anyway.
- * ZRESHARD_CHUNK_BYTES (a test hook) sets it lower. */
-static int64_t chunk_max_bytes = INT64_C(64) << 20;
 
 static const char usage[] =
     "Usage: zreshard info CKPT [--no-verify]\n"
@@ -70,11 +68,6 @@ static const char usage[] =
     "ztrain checkpoint or malformed, a corrupt tensor met by export or\n"
     "convert, or a layout the model cannot take.\n";
 
-typedef struct {
-  const char *cmd, *ckpt, *out, *format;
-  int verify, weights_only, bf16;
-  int tp, pp, dp, zero; /* -1: the source's */
-} args;
 
 /* ---- arguments ---------------------------------------------------------- */
 
@@ -162,7 +155,7 @@ static const char *dtype_name(zt_ckpt_dtype d) { return d == ZT_CKPT_BF16 ? "bf1
 /* The model table of the plan at tp = 1 when the file's /model is exactly
  * that model: tools then list tensors in the model's order (embedding,
  * blocks in order, head) rather than HDF5's alphabetical one. */
-static int plan_layout(const zt_ckpt_file *cf, zt_model *m, zt_model_cfg *cfg) {
+int zt_zreshard_plan_layout(const zt_ckpt_file *cf, zt_model *m, zt_model_cfg *cfg) {
   zt_err e = {0};
   if (zt_ckpt_file_model_cfg(cf, cfg, &e) || zt_model_layout(m, cfg, 1, 0, &e)) return 0;
   if (zt_ckpt_file_check_model(cf, ZT_CKPT_MODEL, m, &e)) {
@@ -174,7 +167,7 @@ static int plan_layout(const zt_ckpt_file *cf, zt_model *m, zt_model_cfg *cfg) {
 
 /* Group g's tensors (links to /model left out) in the model's order when
  * m is given and the group matches it, else in the file's. */
-static int group_order(const zt_ckpt_file *cf, zt_ckpt_group g, const zt_model *m,
+int zt_zreshard_group_order(const zt_ckpt_file *cf, zt_ckpt_group g, const zt_model *m,
                        const zt_ckpt_tensor ***out) {
   zt_err e = {0};
   int n = 0;
@@ -198,45 +191,15 @@ static int n_links(const zt_ckpt_file *cf) {
   return n;
 }
 
-/* fsync a file or folder by path: the data is on disk before a rename
- * makes it visible, and the rename itself after. */
-static int sync_path(const char *path) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
-}
 
-static char *temp_name(const char *path) {
+char *zt_zreshard_temp_name(const char *path) {
   size_t n = strlen(path) + 32;
   char *tmp = malloc(n);
   if (tmp) snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
   return tmp;
 }
 
-/* Makes tmp visible as path, durably. */
-static int publish(const char *tmp, const char *path, zt_err *e) {
-  if (sync_path(tmp) || rename(tmp, path))
-    return zt_err_set(e, ZT_ERUNTIME, "writing %s failed: %s", path, strerror(errno));
-  char *dir = strdup(path);
-  if (dir) sync_path(dirname(dir));
-  free(dir);
-  return ZT_OK;
-}
 
-/* An output in a folder that cannot be written is bad input, found before
- * any work. */
-static int check_out_path(const char *path, zt_err *e) {
-  char *copy = strdup(path);
-  if (!copy) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  const char *dir = dirname(copy);
-  int rc = access(dir, W_OK) ? zt_err_set(e, ZT_EINPUT, "-o %s: cannot write to folder %s: %s",
-                                           path, dir, strerror(errno))
-                             : ZT_OK;
-  free(copy);
-  return rc;
-}
 
 /* ---- info and verify ---------------------------------------------------- */
 
@@ -315,7 +278,7 @@ static int inspect(const args *a, int listing, zt_err *e) {
   zt_model_cfg cfg;
   zt_err cfg_err = {0};
   int have_cfg = !zt_ckpt_file_model_cfg(&cf, &cfg, &cfg_err);
-  int ordered = have_cfg && plan_layout(&cf, &m, &cfg);
+  int ordered = have_cfg && zt_zreshard_plan_layout(&cf, &m, &cfg);
   if (listing) {
     print_header(&cf, &cfg, have_cfg, &cfg_err);
     printf("tensors:\n");
@@ -328,7 +291,7 @@ static int inspect(const args *a, int listing, zt_err *e) {
   size_t flen = 0;
   for (int g = 0; g < ZT_CKPT_NGROUPS && !rc; g++) {
     const zt_ckpt_tensor **ts;
-    int n = group_order(&cf, (zt_ckpt_group)g, ordered ? &m : NULL, &ts);
+    int n = zt_zreshard_group_order(&cf, (zt_ckpt_group)g, ordered ? &m : NULL, &ts);
     if (n < 0) {
       rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
       break;
@@ -475,15 +438,15 @@ static char *safetensors_header(const zt_ckpt_file *cf, const zt_ckpt_tensor **t
 }
 
 static int export_main(const args *a, zt_err *e) {
-  int rc = check_out_path(a->out, e);
+  int rc = zt_fs_check_writable("-o", a->out, e);
   zt_ckpt_file cf;
   if (!rc) rc = zt_ckpt_file_open(&cf, a->ckpt, e);
   else memset(&cf, 0, sizeof cf), cf.h5 = -1;
   zt_model m;
   zt_model_cfg cfg;
-  int ordered = !rc && plan_layout(&cf, &m, &cfg);
+  int ordered = !rc && zt_zreshard_plan_layout(&cf, &m, &cfg);
   const zt_ckpt_tensor **ts = NULL;
-  int n = rc ? 0 : group_order(&cf, ZT_CKPT_MODEL, ordered ? &m : NULL, &ts);
+  int n = rc ? 0 : zt_zreshard_group_order(&cf, ZT_CKPT_MODEL, ordered ? &m : NULL, &ts);
   if (!rc && n < 0) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   for (int i = 0; i < n && !rc; i++)
     if (!strcmp(ts[i]->name, "__metadata__"))
@@ -493,7 +456,7 @@ static int export_main(const args *a, zt_err *e) {
   int64_t data_bytes = 0;
   char *header = rc ? NULL : safetensors_header(&cf, ts, n, a->bf16, &data_bytes);
   if (!rc && !header) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  char *tmp = rc ? NULL : temp_name(a->out);
+  char *tmp = rc ? NULL : zt_zreshard_temp_name(a->out);
   export_ctx c = {.bf16 = a->bf16};
   if (!rc && (!tmp || !(c.f = fopen(tmp, "wb"))))
     rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s: %s", tmp ? tmp : a->out, strerror(errno));
@@ -521,7 +484,7 @@ static int export_main(const args *a, zt_err *e) {
   if (c.f && fclose(c.f) && !c.write_errno) c.write_errno = errno;
   if (!rc && c.write_errno)
     rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed: %s", a->out, strerror(c.write_errno));
-  if (!rc) rc = publish(tmp, a->out, e);
+  if (!rc) rc = zt_fs_publish(tmp, a->out, e);
   if (rc && c.f) unlink(tmp);
   if (!rc)
     printf("wrote %s: safetensors, %d tensors of /model as %s, %lld bytes of data, step %lld\n",
@@ -531,299 +494,6 @@ static int export_main(const args *a, zt_err *e) {
   free(header);
   free(ts);
   if (ordered) zt_model_free(&m);
-  zt_ckpt_file_close(&cf);
-  return rc;
-}
-
-/* ---- convert ------------------------------------------------------------ */
-
-static int64_t smallest_factor(int64_t n) {
-  for (int64_t f = 2; f * f <= n; f++)
-    if (n % f == 0) return f;
-  return n;
-}
-
-/* Chunks of tensor p as the target cuts it: along a cut dimension, one
- * slice of one part (dim / (groups * count)), so every TP shard is whole
- * chunks; whole along the others. A chunk over max_bytes is made smaller
- * from the first dimension on: by a factor of the slice along the cut
- * dimension (chunks still tile each shard), by halves elsewhere. */
-static void chunk_dims(const zt_tensor_desc *p, int esize, int64_t max_bytes, int64_t *c) {
-  int cut = p->shard.dim >= 0 && p->shard.count > 1 ? p->shard.dim : -1;
-  int64_t bytes = esize;
-  for (int d = 0; d < p->ndim; d++) {
-    c[d] = p->shape[d];
-    if (d == cut) c[d] /= (int64_t)(p->shard.groups > 0 ? p->shard.groups : 1) * p->shard.count;
-    bytes *= c[d];
-  }
-  for (int d = 0; d < p->ndim; d++)
-    while (c[d] > 1 && bytes > max_bytes) {
-      int64_t was = c[d];
-      c[d] = d == cut ? c[d] / smallest_factor(c[d]) : (c[d] + 1) / 2;
-      bytes = bytes / was * c[d];
-    }
-}
-
-static int write_str_attr(hid_t obj, const char *name, const char *value) {
-  hid_t type = H5Tcopy(H5T_C_S1);
-  hid_t space = H5Screate(H5S_SCALAR);
-  int bad = type < 0 || space < 0 || H5Tset_size(type, strlen(value) ? strlen(value) : 1) < 0;
-  hid_t a = bad ? -1 : H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-  bad = a < 0 || H5Awrite(a, type, value) < 0;
-  if (a >= 0 && H5Aclose(a) < 0) bad = 1;
-  if (space >= 0) H5Sclose(space);
-  if (type >= 0) H5Tclose(type);
-  return bad;
-}
-
-static int write_int_attr(hid_t obj, const char *name, hid_t ftype, hid_t mtype, const void *v) {
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = space < 0 ? -1 : H5Acreate2(obj, name, ftype, space, H5P_DEFAULT, H5P_DEFAULT);
-  int bad = a < 0 || H5Awrite(a, mtype, v) < 0;
-  if (a >= 0 && H5Aclose(a) < 0) bad = 1;
-  if (space >= 0) H5Sclose(space);
-  return bad;
-}
-
-/* The script as a 1-D byte dataset /script, as ztrain writes it (an
- * attribute could not hold more than 64 KiB). */
-static int write_script(hid_t f, const char *text) {
-  hsize_t n = strlen(text);
-  if (!n) return 0;
-  hid_t space = H5Screate_simple(1, &n, NULL);
-  hid_t ds = space < 0 ? -1
-                       : H5Dcreate2(f, "script", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT,
-                                    H5P_DEFAULT);
-  int bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, text) < 0;
-  if (ds >= 0 && H5Dclose(ds) < 0) bad = 1;
-  if (space >= 0) H5Sclose(space);
-  return bad;
-}
-
-typedef struct {
-  const zt_ckpt_file *cf;
-  hid_t f, ftype, mtype; /* output file; element type in it and in memory */
-  int bf16, verify;
-  float *buf;     /* one chunk */
-  uint16_t *half; /* one chunk in bf16 */
-} converter;
-
-/* Copies tensor src (logical shape of p) into group g of the output,
- * chunked as the target cuts p, checking the source's checksum on the way
- * and storing the checksum of what was written. */
-static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_tensor_desc *p,
-                          hid_t g, const char *gpath, zt_err *e) {
-  int nd = p->ndim, esize = cv->bf16 ? 2 : 4;
-  int64_t c[ZT_MAX_DIMS], start[ZT_MAX_DIMS] = {0}, count[ZT_MAX_DIMS];
-  hsize_t dims[ZT_MAX_DIMS], hc[ZT_MAX_DIMS], hs[ZT_MAX_DIMS], hn[ZT_MAX_DIMS];
-  chunk_dims(p, esize, chunk_max_bytes, c);
-  for (int d = 0; d < nd; d++) {
-    dims[d] = (hsize_t)p->shape[d];
-    hc[d] = (hsize_t)c[d];
-  }
-  hid_t space = H5Screate_simple(nd, dims, NULL);
-  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  /* every element is written: no fill values to write first */
-  int bad = space < 0 || dcpl < 0 || H5Pset_chunk(dcpl, nd, hc) < 0 ||
-            H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0;
-  hid_t ds = bad ? -1 : H5Dcreate2(g, p->name, cv->ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-  bad = bad || ds < 0;
-  uint64_t in_sum = 0, out_sum = 0;
-  int rc = ZT_OK;
-  while (!bad && !rc) {
-    int64_t n = 1;
-    for (int d = 0; d < nd; d++) {
-      count[d] = p->shape[d] - start[d] < c[d] ? p->shape[d] - start[d] : c[d];
-      hs[d] = (hsize_t)start[d];
-      hn[d] = (hsize_t)count[d];
-      n *= count[d];
-    }
-    rc = zt_ckpt_file_read(cv->cf, src, start, count, cv->buf, e);
-    if (rc) break;
-    in_sum += zt_ckpt_file_box_checksum(src, start, count, cv->buf);
-    if (cv->bf16) { /* the checksum is of the values stored: rounded */
-      for (int64_t i = 0; i < n; i++) {
-        cv->half[i] = zt_bf16_from_f32(cv->buf[i]);
-        cv->buf[i] = zt_bf16_to_f32(cv->half[i]);
-      }
-      out_sum += zt_ckpt_file_box_checksum(src, start, count, cv->buf);
-    }
-    hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(nd, hn, NULL);
-    bad = fs < 0 || ms < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, hs, NULL, hn, NULL) < 0 ||
-          H5Dwrite(ds, cv->mtype, ms, fs, H5P_DEFAULT,
-                   cv->bf16 ? (void *)cv->half : (void *)cv->buf) < 0;
-    if (ms >= 0) H5Sclose(ms);
-    if (fs >= 0) H5Sclose(fs);
-    int d = nd - 1; /* next chunk, row-major */
-    while (d >= 0 && (start[d] += c[d]) >= p->shape[d]) start[d--] = 0;
-    if (d < 0) break;
-  }
-  if (!cv->bf16) out_sum = in_sum;
-  if (!rc && !bad && cv->verify && src->has_checksum && in_sum != src->checksum)
-    rc = zt_err_set(e, ZT_EINPUT, "%s: tensor %s/%s fails its checksum (stored %016llx, data "
-                    "gives %016llx): the checkpoint is corrupt; nothing written", cv->cf->path,
-                    gpath + 1, src->name, (unsigned long long)src->checksum,
-                    (unsigned long long)in_sum);
-  if (!rc && !bad) bad = write_int_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &out_sum);
-  if (ds >= 0 && H5Dclose(ds) < 0) bad = 1;
-  if (dcpl >= 0) H5Pclose(dcpl);
-  if (space >= 0) H5Sclose(space);
-  if (!rc && bad) rc = zt_err_set(e, ZT_ERUNTIME, "writing tensor %s/%s failed", gpath, p->name);
-  return rc;
-}
-
-/* The target topology as JSON: the source's record with world, dp, tp,
- * pp and zero replaced (other keys, e.g. sequence_parallel, kept). */
-static char *target_topology(const zt_ckpt_file *cf, const zt_ckpt_topology *t) {
-  json_t *src = cf->topology ? json_loads(cf->topology, 0, NULL) : NULL;
-  json_t *plan = cf->plan ? json_loads(cf->plan, 0, NULL) : NULL;
-  json_t *sp = json_object_get(json_is_object(src) ? src : json_object_get(plan, "parallel"),
-                               "sequence_parallel");
-  json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b}", "world", t->world, "dp", t->dp, "tp",
-                        t->tp, "pp", t->pp, "zero", t->zero, "sequence_parallel",
-                        json_is_true(sp));
-  const char *key;
-  json_t *v;
-  if (json_is_object(src))
-    json_object_foreach(src, key, v) if (!json_object_get(o, key)) json_object_set(o, key, v);
-  char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-  json_decref(o);
-  json_decref(src);
-  json_decref(plan);
-  return s;
-}
-
-/* What the target layout is, checked against the model: the model's own
- * rules (zt_model_layout runs zt_model_cfg_check and zt_model_tp_check)
- * and a block per pipeline stage at least. */
-static int convert_target(const args *a, const zt_ckpt_file *cf, zt_model_cfg *cfg, zt_model *m,
-                          zt_ckpt_topology *t, zt_err *e) {
-  zt_ckpt_topology src = {0};
-  zt_err te = {0};
-  int have_src = !zt_ckpt_file_topology(cf, &src, &te);
-  if (!have_src && (a->tp < 0 || a->pp < 0 || a->dp < 0 || a->zero < 0))
-    return zt_err_set(e, ZT_EINPUT, "%s; give all of --tp, --pp, --dp and --zero", te.msg);
-  t->tp = a->tp >= 0 ? a->tp : src.tp;
-  t->pp = a->pp >= 0 ? a->pp : src.pp;
-  t->dp = a->dp >= 0 ? a->dp : src.dp;
-  t->zero = a->zero >= 0 ? a->zero : src.zero;
-  t->from_plan = 0;
-  long long world = (long long)t->dp * t->tp * t->pp;
-  if (world > (1 << 24))
-    return zt_err_set(e, ZT_EINPUT, "dp %d x tp %d x pp %d = %lld ranks is more than any run",
-                      t->dp, t->tp, t->pp, world);
-  t->world = (int)world;
-  int rc = zt_ckpt_file_model_cfg(cf, cfg, e);
-  if (rc) return rc;
-  rc = zt_model_layout(m, cfg, t->tp, 0, e);
-  if (rc) return rc; /* nothing allocated yet when the checks fail */
-  if (t->pp > cfg->layers)
-    rc = zt_err_set(e, ZT_EINPUT, "pp = %d exceeds the model's %d layers: each pipeline stage "
-                    "needs a block; use pp <= %d", t->pp, cfg->layers, cfg->layers);
-  for (int g = 0; g <= ZT_CKPT_EXP_AVG_SQ && !rc; g++)
-    if (g == ZT_CKPT_MODEL || (cf->has_optim && !a->weights_only))
-      rc = zt_ckpt_file_check_model(cf, (zt_ckpt_group)g, m, e);
-  if (rc) zt_model_free(m);
-  return rc;
-}
-
-static int create_groups(hid_t f, int optim) {
-  const char *gs[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/master"};
-  for (int i = 0; i < (optim ? 5 : 1); i++) {
-    hid_t g = H5Gcreate2(f, gs[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (g < 0 || H5Gclose(g) < 0) return 1;
-  }
-  return 0;
-}
-
-static int convert_main(const args *a, zt_err *e) {
-  zt_ckpt_file cf;
-  zt_model m;
-  zt_model_cfg cfg;
-  zt_ckpt_topology t = {0};
-  int rc = check_out_path(a->out, e);
-  if (!rc) rc = zt_ckpt_file_open(&cf, a->ckpt, e);
-  else memset(&cf, 0, sizeof cf), cf.h5 = -1;
-  int have_m = 0;
-  if (!rc) rc = convert_target(a, &cf, &cfg, &m, &t, e);
-  have_m = !rc;
-  int optim = cf.has_optim && !a->weights_only;
-  char *topo = rc ? NULL : target_topology(&cf, &t);
-  if (!rc && !topo) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  /* buffers for the largest chunk of any tensor */
-  int64_t most = 1;
-  for (int i = 0; have_m && i < m.n_params; i++) {
-    int64_t c[ZT_MAX_DIMS], n = 1;
-    chunk_dims(&m.params[i].t, a->bf16 ? 2 : 4, chunk_max_bytes, c);
-    for (int d = 0; d < m.params[i].t.ndim; d++) n *= c[d];
-    if (n > most) most = n;
-  }
-  converter cv = {.cf = &cf, .f = -1, .ftype = -1, .mtype = -1, .bf16 = a->bf16,
-                  .verify = a->verify};
-  char *tmp = rc ? NULL : temp_name(a->out);
-  if (!rc) {
-    cv.buf = malloc((size_t)most * sizeof *cv.buf);
-    cv.half = a->bf16 ? malloc((size_t)most * sizeof *cv.half) : NULL;
-    cv.ftype = a->bf16 ? zt_ckpt_file_bf16_type() : H5Tcopy(H5T_IEEE_F32LE);
-    cv.mtype = a->bf16 ? zt_ckpt_file_bf16_type() : H5Tcopy(H5T_NATIVE_FLOAT);
-    if (!tmp || !cv.buf || (a->bf16 && !cv.half) || cv.ftype < 0 || cv.mtype < 0)
-      rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  }
-  if (!rc) {
-    /* HDF5's default (oldest) file format, as ztrain writes: the newer
-     * one's metadata checksums would catch damaged metadata, but HDF5
-     * 1.10's readers of its dense link storage free garbage on exactly
-     * that error path (found by fuzzing), so they buy nothing today */
-    cv.f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (cv.f < 0) rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s", tmp);
-  }
-  if (!rc) {
-    int64_t version = 2;
-    if (write_str_attr(cv.f, "format", "ztrain-checkpoint") ||
-        write_int_attr(cv.f, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version) ||
-        write_int_attr(cv.f, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &cf.step) ||
-        write_str_attr(cv.f, "plan", cf.plan) || write_str_attr(cv.f, "topology", topo) ||
-        (cf.state && write_str_attr(cv.f, "state", cf.state)) ||
-        (cf.script && write_script(cv.f, cf.script)) || create_groups(cv.f, optim))
-      rc = zt_err_set(e, ZT_ERUNTIME, "writing the header of %s failed", tmp);
-  }
-  int written = 0;
-  for (int g = 0; g < (optim ? 3 : 1) && !rc; g++) {
-    const char *gpath = zt_ckpt_group_path[g];
-    hid_t grp = H5Gopen2(cv.f, gpath, H5P_DEFAULT);
-    if (grp < 0) rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed", tmp);
-    for (int i = 0; i < m.n_params && !rc; i++) {
-      const zt_tensor_desc *p = &m.params[i].t;
-      rc = convert_tensor(&cv, zt_ckpt_file_find(&cf, (zt_ckpt_group)g, p->name), p, grp, gpath, e);
-      written += !rc;
-    }
-    if (grp >= 0) H5Gclose(grp);
-  }
-  /* fp32 master weights are the parameters: links, as ztrain writes them */
-  for (int i = 0; optim && !rc && i < m.n_params; i++) {
-    char from[ZT_NAME_MAX + 16], to[ZT_NAME_MAX + 24];
-    snprintf(from, sizeof from, "/model/%s", m.params[i].t.name);
-    snprintf(to, sizeof to, "/optim/master/%s", m.params[i].t.name);
-    if (H5Lcreate_hard(cv.f, from, cv.f, to, H5P_DEFAULT, H5P_DEFAULT) < 0)
-      rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed (link %s)", tmp, to);
-  }
-  if (cv.f >= 0 && H5Fclose(cv.f) < 0 && !rc)
-    rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed (closing)", tmp);
-  if (!rc) rc = publish(tmp, a->out, e);
-  if (rc && cv.f >= 0) unlink(tmp);
-  if (!rc)
-    printf("wrote %s: format version 2, step %lld, %d tensors as %s in chunks for tp %d%s; "
-           "topology world %d = dp %d x tp %d x pp %d, zero %d\n",
-           a->out, (long long)cf.step, written, a->bf16 ? "bf16" : "f32", t.tp,
-           optim ? " (+ /optim/master links)" : a->weights_only ? " (weights only)" : "",
-           t.world, t.dp, t.tp, t.pp, t.zero);
-  if (cv.ftype >= 0) H5Tclose(cv.ftype);
-  if (cv.mtype >= 0) H5Tclose(cv.mtype);
-  free(cv.buf);
-  free(cv.half);
-  free(tmp);
-  free(topo);
-  if (have_m) zt_model_free(&m);
   zt_ckpt_file_close(&cf);
   return rc;
 }
@@ -856,7 +526,7 @@ int main(int argc, char **argv) {
   const char *block = getenv("ZRESHARD_BLOCK_ELEMS");
   if (block && atoll(block) > 0) zt_ckpt_file_block_elems = atoll(block);
   const char *chunk = getenv("ZRESHARD_CHUNK_BYTES");
-  if (chunk && atoll(chunk) > 0) chunk_max_bytes = atoll(chunk);
+  if (chunk && atoll(chunk) > 0) zt_zreshard_chunk_max_bytes = atoll(chunk);
   args a;
   zt_err e = {0};
   int rc = parse_args(argc - 1, argv + 1, &a, &e);
@@ -869,7 +539,7 @@ int main(int argc, char **argv) {
       case 0: rc = inspect(&a, 1, &e); break;
       case 1: rc = inspect(&a, 0, &e); break;
       case 2: rc = export_main(&a, &e); break;
-      default: rc = convert_main(&a, &e); break;
+      default: rc = zt_zreshard_convert(&a, &e); break;
     }
   }
   fflush(stdout);

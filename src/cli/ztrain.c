@@ -19,6 +19,7 @@
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/h5util.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/core/timer.h"
@@ -223,18 +224,6 @@ static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_er
   return rc;
 }
 
-/* A --save into a folder that cannot be written would fail only after
- * the whole run: find out before training. */
-static int check_save_path(const char *path, zt_err *e) {
-  char *copy = strdup(path);
-  const char *dir = dirname(copy);
-  int rc = access(dir, W_OK)
-               ? zt_err_set(e, ZT_EINPUT, "--save %s: cannot write to folder %s: %s",
-                            path, dir, strerror(errno))
-               : ZT_OK;
-  free(copy);
-  return rc;
-}
 
 static double logical_params(const zt_model *m) {
   double n = 0;
@@ -275,7 +264,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rank0 = world->rank == 0, grid_up = 0, watched = 0;
 
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
-  if (!rc && a->save) rc = check_save_path(a->save, e);
+  if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
                                plan.model.seq, plan.model.vocab, e);
   if (!rc && plan.data.val)

@@ -1,0 +1,73 @@
+/* h5util: see h5util.h. */
+#include "src/ckpt/h5util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int zt_h5_write_str_attr(hid_t obj, const char *name, const char *value) {
+  hid_t type = H5Tcopy(H5T_C_S1);
+  hid_t space = H5Screate(H5S_SCALAR);
+  int bad = type < 0 || space < 0 || H5Tset_size(type, strlen(value) ? strlen(value) : 1) < 0;
+  hid_t a = bad ? -1 : H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+  bad = a < 0 || H5Awrite(a, type, value) < 0;
+  if (a >= 0 && H5Aclose(a) < 0) bad = 1;
+  if (space >= 0) H5Sclose(space);
+  if (type >= 0) H5Tclose(type);
+  return bad;
+}
+
+int zt_h5_write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem_type,
+                            const void *value) {
+  hid_t space = H5Screate(H5S_SCALAR);
+  hid_t a = space < 0 ? -1 : H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+  int bad = a < 0 || H5Awrite(a, mem_type, value) < 0;
+  if (a >= 0 && H5Aclose(a) < 0) bad = 1;
+  if (space >= 0) H5Sclose(space);
+  return bad;
+}
+
+int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *value) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  hid_t space = a < 0 ? -1 : H5Aget_space(a);
+  int ok = space >= 0 && H5Sget_simple_extent_type(space) == H5S_SCALAR &&
+           H5Aread(a, mem_type, value) >= 0;
+  if (space >= 0) H5Sclose(space);
+  if (a >= 0) H5Aclose(a);
+  return ok ? 0 : -1;
+}
+
+int zt_fs_sync(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  int rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+int zt_fs_publish(const char *tmp, const char *path, zt_err *e) {
+  errno = 0;
+  if (zt_fs_sync(tmp) || rename(tmp, path))
+    return zt_err_set(e, ZT_ERUNTIME, "writing %s failed: %s", path,
+                      errno ? strerror(errno) : "cannot sync");
+  char *dir = strdup(path);
+  if (dir) zt_fs_sync(dirname(dir));
+  free(dir);
+  return ZT_OK;
+}
+
+int zt_fs_check_writable(const char *what, const char *path, zt_err *e) {
+  char *copy = strdup(path);
+  if (!copy) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  const char *dir = dirname(copy);
+  int rc = access(dir, W_OK) ? zt_err_set(e, ZT_EINPUT, "%s %s: cannot write to folder %s: %s",
+                                           what, path, dir, strerror(errno))
+                             : ZT_OK;
+  free(copy);
+  return rc;
+}

@@ -1,0 +1,30 @@
+/* h5util: the small pieces every writer of checkpoint files needs — scalar
+ * and string attributes, and making a finished file durable and visible
+ * (fsync, rename, fsync of the folder) — shared by the trainer's parallel
+ * writer and zreshard. */
+#ifndef ZT_H5UTIL_H
+#define ZT_H5UTIL_H
+
+#include <hdf5.h>
+
+#include "src/core/err.h"
+
+/* Each returns 0 on success, nonzero on an HDF5 failure. */
+int zt_h5_write_str_attr(hid_t obj, const char *name, const char *value);
+int zt_h5_write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t mem_type,
+                            const void *value);
+/* 0 when obj has a scalar attribute `name` readable as mem_type. */
+int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *value);
+
+/* fsync a file or folder by path; 0 on success. */
+int zt_fs_sync(const char *path);
+
+/* Makes the finished file tmp visible as path, durably: fsync, rename,
+ * fsync of the folder. ZT_ERUNTIME with the reason on failure. */
+int zt_fs_publish(const char *tmp, const char *path, zt_err *e);
+
+/* ZT_EINPUT when the folder of path cannot be written; `what` names the
+ * option in the message ("--save", "-o"). Found before any work. */
+int zt_fs_check_writable(const char *what, const char *path, zt_err *e);
+
+#endif
