@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <hdf5.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,9 +240,13 @@ int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
   zt_comm_lock();
   hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   bad = f < 0 || !sums || write_record(f, s) || write_script(f, s->script_text, rank0, dxpl);
+  /* test hook: die halfway through writing the file, as a crash would */
+  const char *die = getenv("ZT_TEST_KILL_IN_SAVE");
   for (int which = 0; which < 3 && !bad; which++)
-    for (int i = 0; i < np && !bad; i++)
+    for (int i = 0; i < np && !bad; i++) {
+      if (die && atoll(die) == *s->step && which == 1 && i == np / 2) raise(SIGKILL);
       bad = write_tensor(f, s, which, &m->params[i].t, dxpl, &sums[which * np + i]);
+    }
   zt_comm_unlock();
   /* a failure on any rank fails the file for all */
   int any = bad;

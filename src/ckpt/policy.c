@@ -32,6 +32,19 @@ static int list(const char *dir, char **names, int max) {
   return n;
 }
 
+/* Temporary files of saves that crashed: never renamed, never to be read. */
+static void remove_stale(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *de; (de = readdir(d));)
+    if (!strncmp(de->d_name, "step_", 5) && strstr(de->d_name, ".h5.tmp.")) {
+      char path[4200];
+      snprintf(path, sizeof path, "%s/%.255s", dir, de->d_name);
+      unlink(path);
+    }
+  closedir(d);
+}
+
 static int write_latest(const char *dir, const char *name) {
   char tmp[4096], path[4096];
   snprintf(tmp, sizeof tmp, "%s/latest.tmp", dir);
@@ -61,6 +74,7 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, char *wr
   if (!rc && world->rank == 0) {
     if (write_latest(dir, name))
       rc = zt_err_set(e, ZT_ERUNTIME, "cannot update %s/latest: %s", dir, strerror(errno));
+    remove_stale(dir);
     char *names[MAX_KEPT];
     int k = list(dir, names, MAX_KEPT);
     for (int i = 0; i < k; i++) {

@@ -6,7 +6,8 @@
 # run with --resume auto continues from step 15. Its losses for steps
 # 16..30 and its final weights and optimizer state must be bitwise those of
 # the uninterrupted run. Also: a checkpoint damaged by a flipped byte is
-# skipped by --resume auto in favour of the one before, with a warning.
+# skipped by --resume auto in favour of the one before, with a warning; a
+# crash in the middle of a save leaves the previous checkpoint in charge.
 # Usage: resume.sh ZTRAIN [MPIRUN... -np N -e PARALLEL_STATEMENT]
 set -eu
 Z=$(realpath "$1"); shift
@@ -78,4 +79,18 @@ PY
 run full --resume auto -e "train.steps = 15" > full/out2.txt 2> full/err2.txt
 grep -q "skips ck/step_00000030.h5: checkpoint ck/step_00000030.h5: tensor /model/embed.tokens fails its checksum" full/err2.txt \
   && grep -q "resuming from ck/step_00000015.h5" full/out2.txt || { echo "FAIL: no fallback: $(cat full/err2.txt full/out2.txt)"; exit 1; }
+# A crash in the middle of writing the step-30 checkpoint: the step-15 one
+# stays the one `latest` names, the half-written file is never renamed into
+# place, and --resume auto continues from step 15.
+set +e
+ZT_TEST_KILL_IN_SAVE=30 run savecrash > /dev/null 2>&1
+rc=$?
+set -e
+[ $rc != 0 ] || { echo "FAIL: the run killed while saving exited 0"; exit 1; }
+[ "$(cat savecrash/ck/latest)" = "step_00000015.h5" ] && [ ! -e savecrash/ck/step_00000030.h5 ] \
+  || { echo "FAIL: after a crash while saving: $(ls savecrash/ck), latest $(cat savecrash/ck/latest)"; exit 1; }
+run savecrash --resume auto -e "train.steps = 16" -e "checkpoint.every = 1" > savecrash/out.txt
+grep -q "resuming from ck/step_00000015.h5 (step 15)" savecrash/out.txt \
+  || { echo "FAIL: $(cat savecrash/out.txt)"; exit 1; }
+ls savecrash/ck | grep -q "tmp" && { echo "FAIL: a crashed save's temporary file is left: $(ls savecrash/ck)"; exit 1; }
 echo "1 passed, 0 failed"
