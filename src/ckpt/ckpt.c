@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <hdf5.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,7 +131,7 @@ static void counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int64
 
 /* ---- save ------------------------------------------------------------------- */
 
-static char *record_json(const zt_ckpt_state *s, int topology) {
+static char *record_json(const zt_ckpt_state *s, int64_t step, int topology) {
   const zt_grid *g = s->grid;
   json_t *o;
   if (topology) {
@@ -138,7 +139,7 @@ static char *record_json(const zt_ckpt_state *s, int topology) {
                   g->tp, "pp", g->pp, "zero", s->z->cfg.stage, "sequence_parallel",
                   s->m->cfg.sequence_parallel);
   } else {
-    int64_t next = *s->step * s->global_batch;
+    int64_t next = step * s->global_batch;
     o = json_pack("{s:{s:I, s:I, s:I}, s:{s:I}, s:f}", "data", "epoch",
                   (json_int_t)(s->samples ? next / s->samples : 0), "next_sample",
                   (json_int_t)next, "samples_per_epoch", (json_int_t)s->samples, "rng", "seed",
@@ -150,9 +151,9 @@ static char *record_json(const zt_ckpt_state *s, int topology) {
 }
 
 /* Root attributes and groups (collective: every rank passes the same). */
-static int write_record(hid_t f, const zt_ckpt_state *s) {
-  long long version = ZT_CKPT_VERSION, step = *s->step;
-  char *topo = record_json(s, 1), *state = record_json(s, 0);
+static int write_record(hid_t f, const zt_ckpt_state *s, int64_t at) {
+  long long version = ZT_CKPT_VERSION, step = at;
+  char *topo = record_json(s, at, 1), *state = record_json(s, at, 0);
   int bad = zt_h5_write_str_attr(f, "format", ZT_CKPT_FORMAT) ||
             zt_h5_write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_LLONG, &version) ||
             zt_h5_write_scalar_attr(f, "step", H5T_STD_I64LE, H5T_NATIVE_LLONG, &step) ||
@@ -190,17 +191,15 @@ static int write_script(hid_t f, const char *text, int rank0, hid_t dxpl) {
 
 /* Writes this rank's part of tensor t of state `which`; adds its checksum. */
 static int write_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
-                        hid_t dxpl, uint64_t *sum) {
+                        const float *data, hid_t dxpl, uint64_t *sum) {
   hsize_t dims[ZT_MAX_DIMS];
   for (int d = 0; d < t->ndim; d++) dims[d] = (hsize_t)t->shape[d];
   char path[ZT_NAME_MAX + 32];
   snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
   hid_t fspace = H5Screate_simple(t->ndim, dims, NULL);
   hid_t ds = H5Dcreate2(f, path, H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  int64_t a, b, lo, hi;
+  int64_t a, b;
   counted_range(s, t, &a, &b);
-  const float *base = state_at(s->z, which, &lo, &hi);
-  const float *data = base + (t->offset + a - lo);
   select_local(fspace, t, a, b);
   hsize_t n = (hsize_t)(b > a ? b - a : 1);
   hid_t mspace = H5Screate_simple(1, &n, NULL);
@@ -223,36 +222,49 @@ static int set_checksum(hid_t f, int which, const zt_tensor_desc *t, uint64_t su
   return bad;
 }
 
-int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
+/* Where the counted range of tensor i of state `which` is in live state. */
+static const float *live_piece(const zt_ckpt_state *s, int which, int i) {
+  const zt_tensor_desc *t = &s->m->params[i].t;
+  int64_t a, b, lo, hi;
+  counted_range(s, t, &a, &b);
+  return state_at(s->z, which, &lo, &hi) + (t->offset + a - lo);
+}
+
+/* Writes the file: every rank its counted pieces, which are `pieces`
+ * (3 x n_params, from a snapshot) or the live state. Every MPI call goes
+ * over `comm` under the comm lock: a background save has its own
+ * communicator, so its collectives never meet the training's. */
+static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, MPI_Comm comm,
+                     const float *const *pieces, zt_err *e) {
   const zt_model *m = s->m;
-  zt_grid *g = s->grid;
-  int rank0 = g->world.rank == 0, bad = 0, np = m->n_params;
+  int rank, bad = 0, np = m->n_params, any = 0, rc = ZT_OK;
+  MPI_Comm_rank(comm, &rank);
   char tmp[4096];
   int pid = (int)getpid();
-  zt_comm_bcast(&g->world, &pid, sizeof pid, 0); /* one temporary name for all */
+  zt_comm_lock();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, comm); /* one temporary name for all */
+  zt_comm_unlock();
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, pid);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   uint64_t *sums = calloc((size_t)3 * np, sizeof *sums);
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_fapl_mpio(fapl, g->world.mpi, MPI_INFO_NULL);
+  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
   /* HDF5 makes its own MPI calls: none of ours may run meanwhile */
   zt_comm_lock();
   hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  bad = f < 0 || !sums || write_record(f, s) || write_script(f, s->script_text, rank0, dxpl);
+  bad = f < 0 || !sums || write_record(f, s, step) || write_script(f, s->script_text, !rank, dxpl);
   /* test hook: die halfway through writing the file, as a crash would */
   const char *die = getenv("ZT_TEST_KILL_IN_SAVE");
   for (int which = 0; which < 3 && !bad; which++)
     for (int i = 0; i < np && !bad; i++) {
-      if (die && atoll(die) == *s->step && which == 1 && i == np / 2) raise(SIGKILL);
-      bad = write_tensor(f, s, which, &m->params[i].t, dxpl, &sums[which * np + i]);
+      if (die && atoll(die) == step && which == 1 && i == np / 2) raise(SIGKILL);
+      const float *data = pieces ? pieces[which * np + i] : live_piece(s, which, i);
+      bad = write_tensor(f, s, which, &m->params[i].t, data, dxpl, &sums[which * np + i]);
     }
-  zt_comm_unlock();
   /* a failure on any rank fails the file for all */
-  int any = bad;
-  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, g->world.mpi);
-  if (!any) zt_comm_allreduce_u64(&g->world, sums, (size_t)3 * np);
-  zt_comm_lock();
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, comm);
+  if (!any) MPI_Allreduce(MPI_IN_PLACE, sums, 3 * np, MPI_UINT64_T, MPI_SUM, comm);
   for (int which = 0; which < 3 && !any; which++)
     for (int i = 0; i < np && !any; i++)
       any = set_checksum(f, which, &m->params[i].t, sums[which * np + i]);
@@ -263,20 +275,88 @@ int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
     any = H5Lcreate_hard(f, src, f, dst, H5P_DEFAULT, H5P_DEFAULT) < 0;
   }
   if (f >= 0 && H5Fclose(f) < 0) any = 1;
-  zt_comm_unlock();
   H5Pclose(fapl);
   H5Pclose(dxpl);
   free(sums);
-  int rc = ZT_OK;
-  if (rank0) {
+  if (!rank) {
     rc = any ? zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (HDF5 error)", path)
              : zt_fs_publish(tmp, path, e);
     if (rc) unlink(tmp);
   }
-  zt_comm_bcast(&g->world, &rc, sizeof rc, 0);
-  if (rc) zt_comm_bcast(&g->world, e->msg, sizeof e->msg, 0);
+  MPI_Bcast(&rc, 1, MPI_INT, 0, comm);
+  if (rc) MPI_Bcast(e->msg, sizeof e->msg, MPI_CHAR, 0, comm);
+  zt_comm_unlock();
   e->code = rc;
   return rc;
+}
+
+int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
+  return save_impl(path, s, *s->step, s->grid->world.mpi, NULL, e);
+}
+
+/* ---- asynchronous save ------------------------------------------------------ */
+
+static void *async_run(void *arg) {
+  zt_ckpt_async *a = arg;
+  a->rc = save_impl(a->path, &a->s, a->step, a->comm, (const float *const *)a->pieces, &a->err);
+  if (!a->rc && a->done) a->done(a);
+  return NULL;
+}
+
+int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state *s,
+                        void (*done)(zt_ckpt_async *), zt_err *e) {
+  int rc = zt_ckpt_async_wait(a, e); /* one save at a time */
+  if (rc) return rc;
+  const zt_model *m = s->m;
+  int np = m->n_params;
+  int64_t total = 0, a0, b0;
+  for (int which = 0; which < 3; which++)
+    for (int i = 0; i < np; i++) {
+      counted_range(s, &m->params[i].t, &a0, &b0);
+      total += b0 - a0;
+    }
+  memset(a, 0, sizeof *a);
+  a->s = *s;
+  a->step = *s->step;
+  a->done = done;
+  snprintf(a->path, sizeof a->path, "%s", path);
+  a->snap = malloc((size_t)(total ? total : 1) * sizeof *a->snap);
+  a->pieces = malloc((size_t)3 * np * sizeof *a->pieces);
+  if (!a->snap || !a->pieces) {
+    free(a->snap);
+    free(a->pieces);
+    return zt_err_set(e, ZT_ERUNTIME, "out of host memory for an asynchronous checkpoint "
+                      "(%.1f MB)", total * 4e-6);
+  }
+  /* the step boundary's state, copied to host; training may go on */
+  float *p = a->snap;
+  for (int which = 0; which < 3; which++)
+    for (int i = 0; i < np; i++) {
+      counted_range(s, &m->params[i].t, &a0, &b0);
+      m->be->download(p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
+      a->pieces[which * np + i] = p;
+      p += b0 - a0;
+    }
+  MPI_Comm_dup(s->grid->world.mpi, &a->comm);
+  if (pthread_create(&a->thread, NULL, async_run, a)) {
+    MPI_Comm_free(&a->comm);
+    free(a->snap);
+    free(a->pieces);
+    return zt_err_set(e, ZT_ERUNTIME, "cannot start the checkpoint thread");
+  }
+  a->active = 1;
+  return ZT_OK;
+}
+
+int zt_ckpt_async_wait(zt_ckpt_async *a, zt_err *e) {
+  if (!a->active) return ZT_OK;
+  pthread_join(a->thread, NULL);
+  MPI_Comm_free(&a->comm);
+  free(a->snap);
+  free(a->pieces);
+  a->active = 0;
+  if (a->rc) *e = a->err;
+  return a->rc;
 }
 
 /* ---- load ------------------------------------------------------------------- */

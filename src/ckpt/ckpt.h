@@ -13,6 +13,7 @@
 #ifndef ZT_CKPT_H
 #define ZT_CKPT_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "parallel/grid.h"
@@ -38,6 +39,31 @@ typedef struct zt_ckpt_state {
 
 /* Collective over the world. */
 int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e);
+
+/* An asynchronous save: the state is copied to host memory at the step
+ * boundary and written by a background thread over its own communicator
+ * while training goes on. One at a time: starting a save waits for the
+ * previous one. */
+typedef struct zt_ckpt_async {
+  int active;
+  pthread_t thread;
+  MPI_Comm comm;        /* the background save's own: its collectives never
+                           meet the training's */
+  zt_ckpt_state s;
+  int64_t step;
+  char path[4096];
+  float *snap, **pieces; /* host copy of this rank's pieces */
+  void (*done)(struct zt_ckpt_async *a); /* after a successful write, on the thread */
+  void *ctx;             /* for done */
+  int rc;
+  zt_err err;
+} zt_ckpt_async;
+
+/* Collective. Waits for the previous save, snapshots, starts the thread. */
+int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state *s,
+                        void (*done)(zt_ckpt_async *), zt_err *e);
+/* Collective. Waits for the save in flight, if any; returns its status. */
+int zt_ckpt_async_wait(zt_ckpt_async *a, zt_err *e);
 
 /* Collective over the world. Checks the file (format, every tensor's name
  * and logical shape, naming the first mismatch; then every checksum) and

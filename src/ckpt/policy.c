@@ -56,10 +56,40 @@ static int write_latest(const char *dir, const char *name) {
   return ok && !rename(tmp, path) ? 0 : -1;
 }
 
-int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, char *written,
-                     size_t n, zt_err *e) {
+/* Rank 0, after a save into dir succeeded: point `latest` at it, drop the
+ * oldest beyond keep and the leftovers of crashed saves. */
+static int finish(const char *dir, const char *name, int keep, zt_err *e) {
+  if (write_latest(dir, name))
+    return zt_err_set(e, ZT_ERUNTIME, "cannot update %s/latest: %s", dir, strerror(errno));
+  remove_stale(dir);
+  char *names[MAX_KEPT];
+  int k = list(dir, names, MAX_KEPT);
+  for (int i = 0; i < k; i++) {
+    if (i >= keep) {
+      char old[4200];
+      snprintf(old, sizeof old, "%s/%.255s", dir, names[i]);
+      unlink(old);
+    }
+    free(names[i]);
+  }
+  return ZT_OK;
+}
+
+/* The asynchronous save in flight (one at a time): where it goes. */
+static struct {
+  char dir[4096], name[64];
+  int keep, rank0;
+} job;
+
+static void finish_async(zt_ckpt_async *a) {
+  if (job.rank0) a->rc = finish(job.dir, job.name, job.keep, &a->err);
+}
+
+int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_async *async,
+                     char *written, size_t n, zt_err *e) {
   zt_comm *world = &s->grid->world;
-  int rc = ZT_OK;
+  int rc = async ? zt_ckpt_async_wait(async, e) : ZT_OK;
+  if (rc) return rc;
   if (world->rank == 0 && mkdir(dir, 0777) && errno != EEXIST)
     rc = zt_err_set(e, ZT_ERUNTIME, "cannot create checkpoint dir %s: %s", dir, strerror(errno));
   zt_comm_bcast(world, &rc, sizeof rc, 0);
@@ -67,28 +97,21 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, char *wr
     zt_comm_bcast(world, e->msg, sizeof e->msg, 0);
     return e->code = rc;
   }
-  char name[64], path[4096];
+  char name[64], path[4200];
   snprintf(name, sizeof name, "step_%08lld.h5", (long long)*s->step);
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  rc = zt_ckpt_save(path, s, e);
-  if (!rc && world->rank == 0) {
-    if (write_latest(dir, name))
-      rc = zt_err_set(e, ZT_ERUNTIME, "cannot update %s/latest: %s", dir, strerror(errno));
-    remove_stale(dir);
-    char *names[MAX_KEPT];
-    int k = list(dir, names, MAX_KEPT);
-    for (int i = 0; i < k; i++) {
-      if (i >= keep) {
-        char old[4096];
-        snprintf(old, sizeof old, "%s/%s", dir, names[i]);
-        unlink(old);
-      }
-      free(names[i]);
-    }
+  if (written) snprintf(written, n, "%s", path);
+  if (async) {
+    snprintf(job.dir, sizeof job.dir, "%s", dir);
+    snprintf(job.name, sizeof job.name, "%s", name);
+    job.keep = keep;
+    job.rank0 = world->rank == 0;
+    return zt_ckpt_async_start(async, path, s, finish_async, e);
   }
+  rc = zt_ckpt_save(path, s, e);
+  if (!rc && world->rank == 0) rc = finish(dir, name, keep, e);
   zt_comm_bcast(world, &rc, sizeof rc, 0);
   if (rc) zt_comm_bcast(world, e->msg, sizeof e->msg, 0);
-  if (!rc && written) snprintf(written, n, "%s", path);
   return e->code = rc;
 }
 

@@ -11,9 +11,12 @@
 #include "src/ckpt/ckpt.h"
 
 /* Collective. Saves at the current step into dir, updates `latest`, removes
- * the oldest beyond `keep`; *written gets the path (may be NULL). */
-int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, char *written,
-                     size_t n, zt_err *e);
+ * the oldest beyond `keep`; *written gets the path (may be NULL). With
+ * async, the save runs in the background (after waiting for the previous
+ * one) and `latest` moves when it is complete; its errors surface at the
+ * next save or at zt_ckpt_async_wait. */
+int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_async *async,
+                     char *written, size_t n, zt_err *e);
 
 /* Collective. Loads the newest checkpoint of dir that loads cleanly (the
  * one `latest` names first, then the others newest first); *used gets its

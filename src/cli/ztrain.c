@@ -261,6 +261,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_model model = {0};
   zt_trainer tr = {0};
   zt_report rep = {0};
+  zt_ckpt_async bg = {0};
   int rank0 = world->rank == 0, grid_up = 0, watched = 0;
 
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
@@ -324,13 +325,20 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     if (kill_at && atoll(kill_at) == st.step && world->rank == world->size - 1) raise(SIGKILL);
     if ((plan.ckpt.every && st.step % plan.ckpt.every == 0) || stop) {
       char path[4096];
-      rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs, path, sizeof path, e);
+      /* a stop is the last chance: that save is synchronous, after the one
+       * in the background (HDF5 runs on one thread at a time) */
+      if (stop) rc = zt_ckpt_async_wait(&bg, e);
+      if (!rc) rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs,
+                            plan.ckpt.async && !stop ? &bg : NULL, path, sizeof path, e);
       if (!rc && stop && rank0)
         printf("ztrain: %s: checkpoint %s written at step %lld; stopping\n",
                stop == SIGTERM ? "SIGTERM" : "SIGUSR1", path, (long long)tr.t);
     }
     if (stop) break;
   }
+  zt_err bg_err = {0};
+  int bg_rc = zt_ckpt_async_wait(&bg, &bg_err); /* before anything else touches HDF5 */
+  if (!rc && bg_rc) rc = bg_rc, *e = bg_err;
   if (!rc && a->save) rc = timed_ckpt(1, a->save, &cs, e);
 
   zt_report_close(&rep);

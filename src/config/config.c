@@ -322,10 +322,6 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   if (!rc) rc = zt_model_sp_check(&p->model, p->train.micro_batch, p->parallel.tp, e);
   if (!rc) rc = zt_config_pipeline(L, p, e);
   lua_close(L);
-  if (!rc && p->ckpt.async)
-    rc = zt_err_set(e, ZT_EINPUT,
-                    "checkpoint.async = true is not supported by this version; "
-                    "checkpoints are written synchronously (set async = false)");
   if (!rc) p->json = plan_json(p);
   if (!rc) p->script_text = read_text(script);
   return rc;
