@@ -256,11 +256,15 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, MPI
   bad = f < 0 || !sums || write_record(f, s, step) || write_script(f, s->script_text, !rank, dxpl);
   /* test hook: die halfway through writing the file, as a crash would */
   const char *die = getenv("ZT_TEST_KILL_IN_SAVE");
+  /* the lock is dropped between tensors: a background save then lets the
+   * training's collectives through in between */
   for (int which = 0; which < 3 && !bad; which++)
     for (int i = 0; i < np && !bad; i++) {
       if (die && atoll(die) == step && which == 1 && i == np / 2) raise(SIGKILL);
       const float *data = pieces ? pieces[which * np + i] : live_piece(s, which, i);
       bad = write_tensor(f, s, which, &m->params[i].t, data, dxpl, &sums[which * np + i]);
+      zt_comm_unlock();
+      zt_comm_lock();
     }
   /* a failure on any rank fails the file for all */
   MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, comm);
