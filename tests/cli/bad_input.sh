@@ -7,9 +7,8 @@
 set -u
 Z=$(realpath "$1")
 MPIRUN=${2:-}
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
+. "$(dirname "$0")/common.sh"
+zt_scratch
 pass=0 fail=0
 
 /usr/bin/env python3 - <<'PY'

@@ -6,9 +6,8 @@
 set -eu
 Z=$(realpath "$1")
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
+. "$(dirname "$0")/common.sh"
+zt_scratch
 ZTRAIN=$Z python3 "$ROOT/examples/make_demo_data.py" data > /dev/null
 "$Z" "$ROOT/examples/demo.lua" --steps 120 --metrics m.jsonl -e 'train.log_every = 40'
 python3 - <<'PY'

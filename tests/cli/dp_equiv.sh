@@ -5,12 +5,9 @@
 set -eu
 Z=$(realpath "$1"); shift
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-/usr/bin/python3 -c "
-import numpy as np
-np.random.seed(3); np.random.randint(0, 256, 20000).astype('<u2').tofile('tok.bin')"
+. "$(dirname "$0")/common.sh"
+zt_scratch
+zt_tokens tok.bin 3 20000
 for arch in gpt llama; do
   if [ $arch = gpt ]; then m='zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2}'
   else m='zt.llama{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 4, kv_heads = 2, ffn_dim = 48}'; fi

@@ -11,12 +11,9 @@ set -eu
 Z=$(realpath "$1"); ARCH=$2; shift 2
 MPI=("$@")
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-/usr/bin/python3 -c "
-import numpy as np
-np.random.seed(7); np.random.randint(0, 256, 20000).astype('<u2').tofile('tok.bin')"
+. "$(dirname "$0")/common.sh"
+zt_scratch
+zt_tokens tok.bin 7 20000
 BUCKET=4096
 
 run() { # DIR NP DP TP ZERO SP(true|false)

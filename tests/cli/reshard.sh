@@ -9,12 +9,9 @@
 set -eu
 Z=$(realpath "$1"); shift
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-/usr/bin/python3 -c "
-import numpy as np
-np.random.seed(9); np.random.randint(0, 256, 30000).astype('<u2').tofile('tok.bin')"
+. "$(dirname "$0")/common.sh"
+zt_scratch
+zt_tokens tok.bin 9 30000
 cat > run.lua <<LUA
 local zt = require "ztrain"
 model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 4}

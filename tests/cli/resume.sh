@@ -15,12 +15,9 @@ Z=$(realpath "$1"); shift
 LAUNCH=("$@")
 PAR=""
 if [ ${#LAUNCH[@]} -gt 0 ]; then PAR=${LAUNCH[-1]}; unset 'LAUNCH[-1]'; unset 'LAUNCH[-1]'; fi
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-/usr/bin/python3 -c "
-import numpy as np
-np.random.seed(5); np.random.randint(0, 256, 30000).astype('<u2').tofile('tok.bin')"
+. "$(dirname "$0")/common.sh"
+zt_scratch
+zt_tokens tok.bin 5 30000
 cat > run.lua <<LUA
 local zt = require "ztrain"
 model = zt.llama{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 4, kv_heads = 2, ffn_dim = 64}

@@ -10,9 +10,8 @@
 # Usage: schedule.sh ZTRAIN
 set -u
 Z=$(realpath "$1")
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
+. "$(dirname "$0")/common.sh"
+zt_scratch
 pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }

@@ -6,12 +6,9 @@
 # Usage: watchdog.sh ZTRAIN MPIRUN...
 set -u
 Z=$(realpath "$1"); shift
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
-/usr/bin/python3 -c "
-import numpy as np
-np.random.randint(0, 256, 5000).astype('<u2').tofile('tok.bin')"
+. "$(dirname "$0")/common.sh"
+zt_scratch
+zt_tokens tok.bin 0 5000
 cat > run.lua <<'LUA'
 local zt = require "ztrain"
 model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2}

@@ -12,9 +12,8 @@ Z=$(realpath "$1")
 R=$(realpath "$2")
 REF=$(cd "$(dirname "$0")/../ref" && pwd)
 PY=/usr/bin/python3
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cd "$W"
+. "$(dirname "$0")/common.sh"
+zt_scratch
 pass=0
 fail=0
 ok() { pass=$((pass + 1)); }
