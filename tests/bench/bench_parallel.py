@@ -169,13 +169,18 @@ def interleaved(label, sides, repeats):
     return runs
 
 
+def prepare(workdir, name, shape, total):
+    """Token file and Lua script for `total` steps of `shape`; the script's path."""
+    data = os.path.join(workdir, f"tokens_{name}.bin")
+    write_tokens(data, tokens_needed(shape, total), shape["vocab"])
+    script = os.path.join(workdir, f"{name}.lua")
+    write_script(script, shape, total, data)
+    return script
+
+
 def bench_overlap(args, workdir):
     shape = OVERLAP_SHAPE
-    total = args.steps + args.warmup
-    data = os.path.join(workdir, "tokens_overlap.bin")
-    write_tokens(data, tokens_needed(shape, total), shape["vocab"])
-    script = os.path.join(workdir, "overlap.lua")
-    write_script(script, shape, total, data)
+    script = prepare(workdir, "overlap", shape, args.steps + args.warmup)
     # One thread per rank: two ranks on two cores, no oversubscription by OpenMP.
     # --bind-to none lets the OS place them; binding both to one core by
     # Open MPI's default policy would serialise them.
@@ -245,11 +250,7 @@ def build_type(ztrain):
 
 def bench_degree1(args, workdir):
     shape = DEGREE1_SHAPE
-    total = args.steps + args.warmup
-    data = os.path.join(workdir, "tokens_degree1.bin")
-    write_tokens(data, tokens_needed(shape, total), shape["vocab"])
-    script = os.path.join(workdir, "degree1.lua")
-    write_script(script, shape, total, data)
+    script = prepare(workdir, "degree1", shape, args.steps + args.warmup)
     env = env_with(OMP_NUM_THREADS=DEGREE1_THREADS)
 
     tree, rev = None, None
