@@ -283,7 +283,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
               "cross the network on every layer; keep tp <= ranks per node\n", world->rank);
   }
   if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch,
-                              &grid.tp_comm, e);
+                              &grid.tp_comm, NULL, e);
   rc = agree(world, rc, e);
   if (!rc) {
     zt_model_init_weights(&model, plan.train.seed);

@@ -3,7 +3,9 @@
  * Parameters live in one flat device buffer, gradients in a second one with
  * the same layout; each tensor is a zt_tensor_desc with its logical name and
  * shape, which is what checkpoints, the optimizer and (later) ZeRO address.
- * Activations for one micro-batch are allocated once, at init. */
+ * A rank may hold only part of the blocks (a pipeline stage, in chunks of
+ * consecutive blocks); activations live in slots, one per micro-batch a
+ * chunk has in flight, allocated once, at init. */
 #ifndef ZT_MODEL_H
 #define ZT_MODEL_H
 
@@ -35,6 +37,7 @@ typedef struct zt_param {
   zt_tensor_desc t;
   zt_init_kind init;
   float std;
+  int here; /* this rank holds it (its pipeline stage does); else offset is -1 */
 } zt_param;
 
 /* Indices into the parameter table for one block; -1 when absent. The
@@ -51,6 +54,48 @@ typedef struct zt_block_acts {
   float *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
 } zt_block_acts;
 
+/* Split backward (zero-bubble schedules): what B, which computes only the
+ * input gradient, leaves for W, which computes the weight gradients: the
+ * output gradient of each linear layer ([N, C] for the row-parallel ones,
+ * whose gradient arrives through the residual stream) and the norms'
+ * weight gradients, which come out of the norm's backward anyway. */
+typedef struct zt_block_saved {
+  float *dy_down, *dfc, *dy_out, *dqkv, *dnorm /* [4, C] */;
+} zt_block_saved;
+
+/* The activations of one micro-batch through one chunk of blocks.
+ * res[i] is the input of the chunk's i-th block ([Ns, C]), res[nb] its
+ * output; res[0] is where a pipeline stage receives its input. */
+typedef struct zt_slot {
+  float **res;
+  zt_block_acts *acts;
+  zt_block_saved *saved;               /* split backward only */
+  float *lnf, *lnf_mean, *lnf_rstd;    /* head chunk: final norm */
+  float *logits, *losses;              /* head chunk: logits, then dlogits */
+  float *dnorm_final;                  /* head chunk, split: final norm's gradients [2, C] */
+  float *dy_embed;                     /* embedding chunk, split: [N, C] */
+  int32_t *tokens, *targets;
+} zt_slot;
+
+/* Consecutive blocks [first, last] that a rank runs as one pipeline
+ * action: virtual stage chunk*pp + stage. The embedding is part of
+ * virtual stage 0, the final norm, head and loss of the last one. */
+typedef struct zt_chunk {
+  int first, last, embed, head;
+  int n_slots;
+  zt_slot *slots;
+} zt_chunk;
+
+/* What a rank runs of the model (NULL to zt_model_init: everything, one
+ * chunk, one slot, as with pp = 1). */
+typedef struct zt_stage_cfg {
+  int n_chunks;
+  const int *first, *last; /* blocks of each chunk */
+  const int *slots;        /* micro-batches each chunk holds at once */
+  int embed, head;         /* chunk 0 is virtual stage 0 / the last chunk the last one */
+  int split;               /* the schedule splits backward into B and W */
+} zt_stage_cfg;
+
 struct zt_model;
 
 /* Units are the pieces a sharded optimizer (ZeRO) gathers and reduces as a
@@ -61,7 +106,12 @@ struct zt_model;
  * can gather weights just in time (unit_w) and reduce a unit's gradients as
  * soon as they are final (unit_g). A tied head uses unit 0 in the final
  * unit's phases; `before`/`after` are then called for unit 0 there too. */
-typedef enum { ZT_PHASE_FWD = 0, ZT_PHASE_BWD = 1 } zt_phase;
+typedef enum {
+  ZT_PHASE_FWD = 0,
+  ZT_PHASE_BWD = 1,        /* whole backward: weights and gradients */
+  ZT_PHASE_BWD_INPUT = 2,  /* split backward's B: weights only */
+  ZT_PHASE_BWD_WEIGHT = 3  /* split backward's W: gradients only */
+} zt_phase;
 
 typedef struct zt_model_hooks {
   void *ctx;
@@ -105,8 +155,8 @@ typedef struct zt_model {
   int vocab_start, vocab_local; /* embedding / head rows held here */
 
   int n_params;
-  zt_param *params;
-  int64_t numel;   /* elements in the flat parameter buffer */
+  zt_param *params; /* every tensor of the model; .here: held by this rank */
+  int64_t numel;   /* elements in this rank's flat parameter buffer */
   float *w, *g;    /* device: parameters, gradients (same layout) */
   int embed_tok, embed_pos, final_w, final_b, head; /* indices, -1 if absent */
   zt_block_params *blocks;
@@ -119,11 +169,15 @@ typedef struct zt_model {
                                by default inside w and g */
   zt_model_hooks hooks;     /* optional; NULL functions = no calls */
 
-  /* device activations and scratch */
+  /* pipeline: this rank's chunks; a tied head on a stage without the
+   * embedding uses a copy of embed.tokens (tied_w, with its gradient
+   * tied_g), which the trainer keeps equal to the original */
+  int n_chunks, split;
+  zt_chunk *chunks;
+  float *tied_w, *tied_g;
+
+  /* device activations (in the chunks' slots) and scratch */
   float *arena;
-  float **res; /* residual stream: res[l] is the input of block l, [N, C] */
-  zt_block_acts *acts;
-  float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
   float *xent_stats; /* [3N] for the vocab-parallel loss (kernels.h) */
   float *dres, *dln, *datt, *dqkv, *dfc, *dact, *dprobs;
   float *dkv_w; /* kv_rep > 1: [2*hd, C] k, v weight gradient of one block */
@@ -159,13 +213,16 @@ int zt_model_sp_check(const zt_model_cfg *cfg, int micro_batch, int tp, zt_err *
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
                     int tp_rank, zt_err *e);
 
-/* Layout plus device memory for weights, gradients and the activations of a
- * micro-batch of `micro_batch` samples. With a tp group of size > 1 the
- * rank holds its shards (layout with tp->size, tp->rank) and zt_model_step
- * runs collectives on tp; every member must call it on the same tokens.
- * With kv_rep > 1 it splits tp into the kv groups (collective over tp). */
+/* Layout plus device memory for weights, gradients and the activations of
+ * micro-batches of `micro_batch` samples. With a tp group of size > 1 the
+ * rank holds its shards (layout with tp->size, tp->rank) and the passes
+ * run collectives on tp; every member must call them on the same tokens.
+ * With kv_rep > 1 it splits tp into the kv groups (collective over tp).
+ * `stage` selects the blocks this rank runs and its slots (NULL: all). The
+ * parameter table still lists every tensor (checkpoints name them all);
+ * the flat buffers hold only the units of the chunks here. */
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
-                  int micro_batch, zt_comm *tp, zt_err *e);
+                  int micro_batch, zt_comm *tp, const zt_stage_cfg *stage, zt_err *e);
 void zt_model_free(zt_model *m);
 
 /* Initial values from the counter-based RNG keyed by (seed, tensor name,
@@ -173,14 +230,33 @@ void zt_model_free(zt_model *m);
  * exactly the values of its part of the tp = 1 model. */
 void zt_model_init_weights(zt_model *m, uint64_t seed);
 
-/* Runs one micro-batch: tokens/targets are host arrays [B*T]. Returns the
- * sum of per-token losses (the same on every TP rank: count it once). With
- * backward, gradients of sum(loss) * dscale are accumulated into m->g: each
- * rank's shard of the full gradient; whole tensors get the same gradient on
- * every TP rank, replicated kv heads on every rank of their kv group (no
- * reduction over tp needed). */
+/* Runs one micro-batch through the whole model (pp = 1): tokens/targets
+ * are host arrays [B*T]. Returns the sum of per-token losses (the same on
+ * every TP rank: count it once). With backward, gradients of
+ * sum(loss) * dscale are accumulated into m->g: each rank's shard of the
+ * full gradient; whole tensors get the same gradient on every TP rank,
+ * replicated kv heads on every rank of their kv group (no reduction over
+ * tp needed). */
 double zt_model_step(zt_model *m, const int32_t *tokens, const int32_t *targets,
                      int backward, float dscale);
+
+/* The pieces a pipeline executor runs, per chunk c and slot s.
+ * Forward: the embedding chunk reads `tokens`, any other chunk its input,
+ * which the caller has put in zt_model_input(m, c, s); the head chunk
+ * reads `targets`, computes the loss and (dscale != 0) the gradient of
+ * sum(loss) * dscale, and returns the sum of per-token losses (other
+ * chunks return 0 and leave their output in zt_model_output). */
+double zt_model_fwd(zt_model *m, int c, int s, const int32_t *tokens,
+                    const int32_t *targets, float dscale);
+/* Backward of the forward in slot s: for all but the head chunk the caller
+ * first puts the gradient of the chunk's output in m->dres ([Ns, C]); on
+ * return m->dres holds the gradient of its input (embedding chunk: none).
+ * input_only (split schedules): the weight gradients are left to
+ * zt_model_wgrad, which must then run before the slot is reused. */
+void zt_model_bwd(zt_model *m, int c, int s, int input_only);
+void zt_model_wgrad(zt_model *m, int c, int s);
+float *zt_model_input(zt_model *m, int c, int s);
+const float *zt_model_output(const zt_model *m, int c, int s);
 
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */

@@ -119,6 +119,7 @@ static int add(zt_model *m, cut how, zt_init_kind init, float std, int ndim,
                           .groups = how == ROWS_QKV ? 3 : 1};
   p->t.shard.index = zt_shard_index_at(&p->t, m->tp_rank, m->tp_size);
   p->t.offset = m->numel;
+  p->here = 1;
   int64_t ls[ZT_MAX_DIMS];
   zt_shard_local_shape(&p->t, ls);
   p->t.numel = ls[0] * ls[1] * ls[2] * ls[3];
@@ -223,6 +224,7 @@ void zt_model_init_weights(zt_model *m, uint64_t seed) {
   float *host = malloc((size_t)max * sizeof *host);
   for (int i = 0; i < m->n_params; i++) {
     const zt_param *p = &m->params[i];
+    if (!p->here) continue;
     uint64_t key = zt_rng_key(seed, p->t.name);
     /* each element depends only on its logical index: any thread order and
      * any TP cut give the same values */

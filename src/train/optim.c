@@ -16,6 +16,7 @@ double zt_lr_at(const zt_lr *s, int64_t step) {
 #define FOR_EACH_PIECE(m, r, desc, a, n, body)                              \
   for (int i_ = 0; i_ < (m)->n_params; i_++) {                              \
     const zt_tensor_desc *desc = &(m)->params[i_].t;                        \
+    if (!(m)->params[i_].here) continue;                                    \
     int64_t s_ = desc->offset > (r)->lo ? desc->offset : (r)->lo;           \
     int64_t e_ = desc->offset + desc->numel < (r)->hi ? desc->offset + desc->numel : (r)->hi; \
     if (e_ <= s_) continue;                                                 \

@@ -103,8 +103,8 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
   const zt_backend *be = zt_backend_cpu();
   zt_model whole, part;
   zt_err e;
-  int rc = zt_model_init(&whole, cfg, be, B, NULL, &e);
-  if (!rc) rc = zt_model_init(&part, cfg, be, B, tp, &e);
+  int rc = zt_model_init(&whole, cfg, be, B, NULL, NULL, &e);
+  if (!rc) rc = zt_model_init(&part, cfg, be, B, tp, NULL, &e);
   CHECK(!rc, "%s: init: %s", label, e.msg);
   if (rc) return;
   zt_model_init_weights(&whole, 1234);
@@ -236,7 +236,7 @@ int main(int argc, char **argv) {
     if ((B * T) % P) { /* P = 3: refused, with the numbers */
       zt_model m;
       zt_err e = {0};
-      int rc = zt_model_init(&m, &c, zt_backend_cpu(), B, &tp, &e);
+      int rc = zt_model_init(&m, &c, zt_backend_cpu(), B, &tp, NULL, &e);
       CHECK(rc == ZT_EINPUT && strstr(e.msg, "the 32 rows of a micro-batch") &&
                 strstr(e.msg, "tp = 3"), "%s: sequence parallelism at tp 3 not refused: %s",
             cases[k].label, e.msg);
