@@ -5,11 +5,14 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "parallel/watchdog.h"
+#include "src/core/timer.h"
+#include "src/core/trace.h"
 
 const char *const zt_comm_op_names[ZT_OP_COUNT] = {
-    "allreduce", "reduce_scatter", "allgather", "bcast", "gather"};
+    "allreduce", "reduce_scatter", "allgather", "bcast", "gather", "send", "recv"};
 
 static int next_id; /* groups are created in the same order on every rank */
 
@@ -77,22 +80,31 @@ static int test_locked(MPI_Request *r) {
   return done;
 }
 
-static void wait_watched(zt_comm *c, zt_comm_op op, uint64_t seq, MPI_Request *r) {
+/* A finished collective or transfer on the trace: from post to done. */
+static void traced(const zt_comm *c, zt_comm_op op, uint64_t seq, double t0) {
+  if (zt_trace_on())
+    zt_trace_slice(op >= ZT_OP_SEND ? "p2p" : "comm", zt_comm_op_names[op], c->name, t0,
+                   zt_timer_now(), "seq", (long long)seq, NULL, 0);
+}
+
+static void wait_watched(zt_comm *c, zt_comm_op op, uint64_t seq, MPI_Request *r, double t0) {
   if (*r == MPI_REQUEST_NULL) return;
   zt_watchdog_enter(c, op, seq);
   while (!test_locked(r)) sched_yield();
   zt_watchdog_leave();
+  traced(c, op, seq, t0);
 }
 
 /* Posts a non-blocking call under the lock and waits for it, watched. */
 #define WATCHED(c, op, seq, post)                                  \
   do {                                                             \
     MPI_Request req_ = MPI_REQUEST_NULL;                           \
+    double t0_ = zt_timer_now();                                   \
     if (zt_watchdog_should_skip(c, seq)) break;                    \
     zt_comm_lock();                                                \
     post;                                                          \
     zt_comm_unlock();                                              \
-    wait_watched(c, op, seq, &req_);                               \
+    wait_watched(c, op, seq, &req_, t0_);                          \
   } while (0)
 
 /* MPI counts are int: large buffers go in slices. */
@@ -120,6 +132,10 @@ void zt_comm_allreduce_max_f32(zt_comm *c, float *x, size_t n) {
 
 void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n) {
   allreduce(c, x, n, MPI_DOUBLE, sizeof *x, MPI_SUM);
+}
+
+void zt_comm_allreduce_max_f64(zt_comm *c, double *x, size_t n) {
+  allreduce(c, x, n, MPI_DOUBLE, sizeof *x, MPI_MAX);
 }
 
 void zt_comm_allreduce_u64(zt_comm *c, uint64_t *x, size_t n) {
@@ -171,6 +187,7 @@ void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
   r->op = ZT_OP_REDUCE_SCATTER;
   r->seq = start(c, r->op, 4.0 * (double)(total - counts[c->rank]));
   r->mpi = MPI_REQUEST_NULL;
+  r->t0 = zt_timer_now();
   if (c->size == 1) {
     if (recv != send) memcpy(recv, send, (size_t)total * sizeof *send);
     return;
@@ -189,6 +206,7 @@ void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
   r->op = ZT_OP_ALLGATHER;
   r->seq = start(c, r->op, 4.0 * (double)(total - counts[c->rank]));
   r->mpi = MPI_REQUEST_NULL;
+  r->t0 = zt_timer_now();
   if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
   zt_comm_lock();
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs,
@@ -201,14 +219,52 @@ void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r) {
   r->op = ZT_OP_ALLREDUCE;
   r->seq = start(c, r->op, ring_allreduce(c, n * sizeof *x));
   r->mpi = MPI_REQUEST_NULL;
+  r->t0 = zt_timer_now();
   if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
   zt_comm_lock();
   MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &r->mpi);
   zt_comm_unlock();
 }
 
-void zt_comm_wait(zt_req *r) { wait_watched(r->c, r->op, r->seq, &r->mpi); }
+static void p2p(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r, int send) {
+  r->c = c;
+  r->op = send ? ZT_OP_SEND : ZT_OP_RECV;
+  r->seq = ++c->p2p;
+  r->t0 = zt_timer_now();
+  c->calls[r->op]++;
+  if (send) c->bytes[r->op] += n * sizeof *buf;
+  zt_comm_lock();
+  if (send) MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, c->mpi, &r->mpi);
+  else MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, c->mpi, &r->mpi);
+  zt_comm_unlock();
+}
+
+void zt_comm_isend_f32(zt_comm *c, const float *buf, size_t n, int peer, int tag, zt_req *r) {
+  p2p(c, (float *)buf, n, peer, tag, r, 1);
+}
+
+void zt_comm_irecv_f32(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r) {
+  p2p(c, buf, n, peer, tag, r, 0);
+}
+
+void zt_comm_wait(zt_req *r) { wait_watched(r->c, r->op, r->seq, &r->mpi, r->t0); }
+
+void zt_comm_wait_idle(zt_req *r) {
+  if (r->mpi == MPI_REQUEST_NULL) return;
+  zt_watchdog_enter(r->c, r->op, r->seq);
+  /* a short spin answers quick transfers at once; then 20 us naps, which
+   * cost nothing against actions of milliseconds */
+  const struct timespec nap = {0, 20000};
+  for (int spins = 0; !test_locked(&r->mpi); spins++)
+    if (spins < 64) sched_yield();
+    else nanosleep(&nap, NULL);
+  zt_watchdog_leave();
+  traced(r->c, r->op, r->seq, r->t0);
+}
 
 int zt_comm_test(zt_req *r) {
-  return r->mpi == MPI_REQUEST_NULL || test_locked(&r->mpi);
+  if (r->mpi == MPI_REQUEST_NULL) return 1;
+  if (!test_locked(&r->mpi)) return 0;
+  traced(r->c, r->op, r->seq, r->t0);
+  return 1;
 }

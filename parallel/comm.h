@@ -22,6 +22,8 @@ typedef enum {
   ZT_OP_ALLGATHER,
   ZT_OP_BCAST,
   ZT_OP_GATHER,
+  ZT_OP_SEND, /* point-to-point (pipeline); numbered apart from the collectives */
+  ZT_OP_RECV,
   ZT_OP_COUNT
 } zt_comm_op;
 
@@ -35,6 +37,7 @@ typedef struct zt_comm {
   int rank, size;
   int *world_ranks;       /* world rank of each member, for reports */
   _Atomic uint64_t seq;   /* collectives started on this group */
+  uint64_t p2p;           /* point-to-point transfers this rank started */
   uint64_t calls[ZT_OP_COUNT];
   uint64_t bytes[ZT_OP_COUNT];
 } zt_comm;
@@ -45,6 +48,7 @@ typedef struct zt_req {
   zt_comm *c;
   zt_comm_op op;
   uint64_t seq;
+  double t0; /* posted at (zt_timer_now), for the trace */
 } zt_req;
 
 /* Wraps a communicator: `own` = the zt_comm frees it in zt_comm_free.
@@ -79,6 +83,15 @@ void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
 void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
                             const int *displs, zt_req *r);
 void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r);
+/* Point-to-point (pipeline activations and gradients): n floats to or
+ * from member `peer` with `tag`. Bytes are counted on the sender. */
+void zt_comm_isend_f32(zt_comm *c, const float *buf, size_t n, int peer, int tag, zt_req *r);
+void zt_comm_irecv_f32(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r);
+/* Waits like zt_comm_wait but sleeps between tests once the wait is long:
+ * a pipeline stage in its bubble leaves the core to the others. */
+void zt_comm_wait_idle(zt_req *r);
+void zt_comm_allreduce_max_f64(zt_comm *c, double *x, size_t n);
+
 /* The lock every MPI call of the process is made under (the watchdog
  * thread takes it too). */
 void zt_comm_lock(void);

@@ -176,7 +176,18 @@ static void report(void) {
       k += snprintf(buf + k, sizeof buf - (size_t)k,
                     "ztrain: watchdog:   rank %d has not arrived and does not answer\n",
                     c->world_ranks[i]);
-    else if (rep[i].seq < seq) {
+    else if (op == ZT_OP_SEND || op == ZT_OP_RECV) {
+      /* a transfer waits on one peer: say where every member is */
+      if (c->world_ranks[i] == wd.rank) continue;
+      k += snprintf(buf + k, sizeof buf - (size_t)k, "ztrain: watchdog:   rank %d ",
+                    c->world_ranks[i]);
+      if (rep[i].wait_group >= 0)
+        k += snprintf(buf + k, sizeof buf - (size_t)k, "is waiting in %s #%lld on group %s\n",
+                      zt_comm_op_names[rep[i].wait_op], rep[i].wait_seq,
+                      group_name(rep[i].wait_group));
+      else
+        k += snprintf(buf + k, sizeof buf - (size_t)k, "is not waiting on any transfer\n");
+    } else if (rep[i].seq < seq) {
       k += snprintf(buf + k, sizeof buf - (size_t)k,
                     "ztrain: watchdog:   rank %d has not arrived: it is at #%lld on %s",
                     c->world_ranks[i], rep[i].seq, c->name);

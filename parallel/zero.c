@@ -10,13 +10,20 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Part of flat range [a, b) that dp rank r owns. */
-static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *from) {
-  int64_t lo = min64((int64_t)r * z->S, z->numel), hi = min64((int64_t)(r + 1) * z->S, z->numel);
+int64_t zt_zero_part(int64_t numel, int dp, int r, int64_t a, int64_t b, int64_t *from) {
+  int64_t S = (numel + dp - 1) / dp;
+  int64_t lo = min64((int64_t)r * S, numel), hi = min64((int64_t)(r + 1) * S, numel);
   int64_t s = max64(a, lo), t = min64(b, hi);
   if (from) *from = s;
   return t > s ? t - s : 0;
 }
+
+/* Part of flat range [a, b) that dp rank r owns. */
+static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *from) {
+  return zt_zero_part(z->numel, z->dp->size, r, a, b, from);
+}
+
+static int group_of(const zt_zero *z, int u) { return z->u.group ? z->u.group[u] : 0; }
 
 static float *alloc_f(zt_zero *z, int64_t n, int64_t *account) {
   float *p = z->be->alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
@@ -25,8 +32,9 @@ static float *alloc_f(zt_zero *z, int64_t n, int64_t *account) {
 }
 
 /* Buckets in backward order: units numbered down from the last, packed up
- * to bucket_bytes (at least one unit each); the tied unit alone, since its
- * gradients are written both first (by the head) and last. */
+ * to bucket_bytes (at least one unit each) within a group; the tied unit
+ * alone, since its gradients are written both first (by the head) and
+ * last. Empty units belong to no bucket. */
 static int plan_buckets(zt_zero *z) {
   int n = z->u.n, nb = 0;
   z->buckets = calloc((size_t)n, sizeof *z->buckets);
@@ -34,9 +42,11 @@ static int plan_buckets(zt_zero *z) {
   if (!z->buckets || !z->bucket_of) return -1;
   int64_t cap = z->cfg.bucket_bytes / (int64_t)sizeof(float);
   for (int u = n - 1; u >= 0; u--) {
+    z->bucket_of[u] = -1;
+    if (!z->u.numel[u]) continue;
     zt_bucket *b = nb ? &z->buckets[nb - 1] : NULL;
     int alone = u == z->u.tied_unit || (b && b->first == z->u.tied_unit);
-    if (!b || alone || b->hi - z->u.start[u] > cap) {
+    if (!b || alone || b->hi - z->u.start[u] > cap || group_of(z, u) != group_of(z, b->first)) {
       b = &z->buckets[nb++];
       b->first = u;
       b->hi = z->u.start[u] + z->u.numel[u];
@@ -218,7 +228,8 @@ static float *open_grads(zt_zero *z, int unit) {
     b->open = 1;
     b->buf = acquire_buffer(z);
     z->be->zero(z->bufs[b->buf], (size_t)(b->hi - b->lo));
-    b->pending = b->first - b->last + 1;
+    b->pending = 0;
+    for (int u = b->last; u <= b->first; u++) b->pending += z->u.numel[u] > 0;
   }
   return z->bufs[b->buf] + (z->u.start[unit] - b->lo);
 }
@@ -280,9 +291,12 @@ static float *use_weights(zt_zero *z, int unit, int backward, int prefetch) {
     zt_comm_wait(&z->unit_req[unit]);
     z->unit_gathering[unit] = 0;
   }
-  int next = backward ? unit - 1 : unit + 1;
+  /* the next unit of this pass: the nearest non-empty one in its group */
+  int step = backward ? -1 : 1, next = unit + step;
+  while (next >= 0 && next < z->u.n && !z->u.numel[next]) next += step;
   if (!backward && unit == z->u.final_unit) next = -1;
-  if (prefetch && next >= 0 && next < z->u.n) start_gather(z, next);
+  if (prefetch && next >= 0 && next < z->u.n && group_of(z, next) == group_of(z, unit))
+    start_gather(z, next);
   return z->gbufs[z->unit_gbuf[unit]];
 }
 
@@ -300,10 +314,13 @@ void zt_zero_microbatch_begin(zt_zero *z) {
   }
 }
 
-void zt_zero_before(zt_zero *z, int unit, int backward, float **w, float **g) {
+void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, float **w, float **g) {
   int64_t s = z->u.start[unit];
+  int backward = pass != ZT_ZERO_FWD, need_g = pass == ZT_ZERO_BWD || pass == ZT_ZERO_BWD_WEIGHT;
   if (z->cfg.stage < 3) {
     *w = z->w_full + s;
+  } else if (pass == ZT_ZERO_BWD_WEIGHT) {
+    *w = NULL; /* W needs no weights: nothing to gather */
   } else {
     /* the tied unit used by the head: kept through backward, and not a
      * step of the pass that would call for a prefetch */
@@ -313,13 +330,15 @@ void zt_zero_before(zt_zero *z, int unit, int backward, float **w, float **g) {
     *w = use_weights(z, unit, backward, !head_use);
   }
   if (z->cfg.stage < 2) *g = z->g_full + s;
-  else if (backward) *g = open_grads(z, unit);
+  else *g = need_g ? open_grads(z, unit) : NULL;
   if (z->cfg.stage >= 2) progress(z);
 }
 
-void zt_zero_after(zt_zero *z, int unit, int backward) {
-  if (z->cfg.stage >= 2 && backward) close_grads(z, unit);
-  if (z->cfg.stage >= 3) {
+void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass) {
+  int backward = pass != ZT_ZERO_FWD;
+  if (z->cfg.stage >= 2 && (pass == ZT_ZERO_BWD || pass == ZT_ZERO_BWD_WEIGHT))
+    close_grads(z, unit);
+  if (z->cfg.stage >= 3 && pass != ZT_ZERO_BWD_WEIGHT) {
     int last_bwd = backward && (z->bwd_uses_left[unit] == 0);
     if (!z->unit_keep[unit] || last_bwd) {
       z->unit_keep[unit] = 0;
@@ -355,6 +374,14 @@ void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
     default:
       for (int i = 0; i < z->n_buckets; i++)
         if (z->buckets[i].in_flight) finish_bucket(z, &z->buckets[i]);
+      /* a gathered unit would be stale after the update: a prefetch that
+       * no pass used (a split backward's B never uses the embedding's
+       * weights) must not survive into the next step */
+      for (int i = 0; z->gbufs && i < z->n_gbufs; i++)
+        if (z->gbuf_unit[i] >= 0) {
+          z->unit_keep[z->gbuf_unit[i]] = 0;
+          release_unit(z, z->gbuf_unit[i]);
+        }
       *w = z->cfg.stage == 2 ? z->w_full + z->lo : z->w_shard;
       *g = z->g_shard;
   }
@@ -365,6 +392,19 @@ void zt_zero_params_sync(zt_zero *z) {
   zt_req r;
   zt_comm_iallgather_f32(z->dp, z->w_full, z->counts, z->displs, &r);
   zt_comm_wait(&r);
+}
+
+void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src) {
+  if (n <= 0) return;
+  if (z->cfg.stage < 2) z->be->add(z->g_full + a, src, (size_t)n);
+  else z->be->add(z->g_shard + (a - z->lo), src, (size_t)n);
+}
+
+const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,
+                                   int64_t *n) {
+  *n = owned(z, z->dp->rank, a, b, from);
+  if (!*n) return NULL;
+  return z->cfg.stage < 3 ? z->w_full + *from : z->w_shard + (*from - z->lo);
 }
 
 /* ---- checkpoints --------------------------------------------------------- */

@@ -13,7 +13,9 @@
  *            and released after use.
  * The engine knows units (contiguous flat ranges the model uses as a
  * whole), not models: the trainer connects the model's hooks to
- * zt_zero_before/after. */
+ * zt_zero_before/after. A unit may be empty (a pipeline stage holds only
+ * its own blocks); units of different groups (a stage's chunks, which run
+ * as separate pipeline actions) never share a bucket or a prefetch. */
 #ifndef ZT_ZERO_H
 #define ZT_ZERO_H
 
@@ -32,6 +34,7 @@ typedef struct zt_zero_cfg {
 typedef struct zt_zero_units {
   int n;
   const int64_t *start, *numel; /* flat range of each unit */
+  const int *group;             /* group of each unit; NULL: all one group */
   int tied_unit;                /* unit used again by the final unit (tied head), or -1 */
   int final_unit;               /* the unit whose phases use tied_unit */
 } zt_zero_units;
@@ -97,9 +100,21 @@ void zt_zero_shard_weights(zt_zero *z);
 /* Start of a micro-batch (resets per-micro-batch use counts). */
 void zt_zero_microbatch_begin(zt_zero *z);
 
-/* Around each use of a unit; return where its weights/gradients are. */
-void zt_zero_before(zt_zero *z, int unit, int backward, float **w, float **g);
-void zt_zero_after(zt_zero *z, int unit, int backward);
+/* What a pass does with a unit: forward uses its weights, a whole
+ * backward weights and gradients, a split backward's B only the weights
+ * (gathered at stage 3) and its W only the gradients (reduced at stage 2
+ * and 3 when the unit's W is done). */
+typedef enum {
+  ZT_ZERO_FWD = 0,
+  ZT_ZERO_BWD = 1,
+  ZT_ZERO_BWD_INPUT = 2,
+  ZT_ZERO_BWD_WEIGHT = 3
+} zt_zero_pass;
+
+/* Around each use of a unit; return where its weights/gradients are (NULL
+ * for what the pass does not use). */
+void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, float **w, float **g);
+void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass);
 
 /* Start of a step: zero the gradients this rank accumulates. */
 void zt_zero_grads_begin(zt_zero *z);
@@ -110,6 +125,20 @@ void zt_zero_grads_end(zt_zero *z, float **w, float **g);
 /* After the optimizer: make every rank's full parameters current again
  * (stages 1 and 2; nothing to do at 0 and 3). */
 void zt_zero_params_sync(zt_zero *z);
+
+/* The part of flat range [a, b) that dp rank r of `dp` ranks owns in a
+ * buffer of `numel` elements (its first element in *from); any rank can
+ * compute another group's partition with it. */
+int64_t zt_zero_part(int64_t numel, int dp, int r, int64_t a, int64_t b, int64_t *from);
+
+/* Adds src to the gradient of flat range [a, a + n), which this rank must
+ * own: at stages 0 and 1 into the local gradient before zt_zero_grads_end
+ * (the reduction then counts it once), at stages 2 and 3 into the reduced
+ * shard after it. */
+void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src);
+/* The current weights of this rank's part of [a, b) (NULL when none). */
+const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,
+                                   int64_t *n);
 
 /* Checkpoint support: the full Ψ-element buffer of parameters (which = 0),
  * exp_avg (1) or exp_avg_sq (2) on dp rank 0 (`full` on other ranks is

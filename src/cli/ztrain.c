@@ -282,12 +282,19 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
       fprintf(stderr, "ztrain: warning: the TP group of rank %d spans nodes: its all-reduces "
               "cross the network on every layer; keep tp <= ranks per node\n", world->rank);
   }
+  zt_stage_cfg stage = {0};
+  int piped = plan.parallel.pp > 1;
+  if (!rc && piped)
+    rc = zt_pipe_stage(&plan.pipeline.schedule, plan.pipeline.first, plan.pipeline.last,
+                       grid.pp_rank, &stage, e);
   if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch,
-                              &grid.tp_comm, NULL, e);
+                              &grid.tp_comm, piped ? &stage : NULL, e);
+  zt_pipe_stage_free(&stage);
   rc = agree(world, rc, e);
   if (!rc) {
     zt_model_init_weights(&model, plan.train.seed);
-    rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero, &train_tok,
+    rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
+                         &plan.pipeline.schedule, &train_tok,
                          plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
   }
   rc = agree(world, rc, e);

@@ -170,13 +170,6 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
     if (automatic) p->dp = 1;
     return ZT_OK;
   }
-  /* The pipeline executor is not written yet: say so instead of running
-   * something else. `ztrain schedule` already checks pipeline plans. */
-  if (p->pp > 1)
-    return zt_err_set(e, ZT_EINPUT,
-                      "parallel: pp = %d: pipeline execution is not supported by this version "
-                      "yet (use pp = 1); `ztrain schedule` checks and shows this plan's schedule",
-                      p->pp);
   if (automatic) {
     if (world % (p->tp * p->pp))
       return zt_err_set(e, ZT_EINPUT,

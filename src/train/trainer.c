@@ -6,29 +6,115 @@
 
 #include "src/core/timer.h"
 
+/* The model's phases are the engine's passes, in the same order. */
+_Static_assert(ZT_PHASE_FWD == (int)ZT_ZERO_FWD && ZT_PHASE_BWD == (int)ZT_ZERO_BWD &&
+                   ZT_PHASE_BWD_INPUT == (int)ZT_ZERO_BWD_INPUT &&
+                   ZT_PHASE_BWD_WEIGHT == (int)ZT_ZERO_BWD_WEIGHT,
+               "zt_phase and zt_zero_pass differ");
+
 static void hook_before(void *ctx, zt_model *m, int unit, zt_phase ph) {
-  zt_zero_before(ctx, unit, ph == ZT_PHASE_BWD, &m->unit_w[unit], &m->unit_g[unit]);
+  zt_zero_before(ctx, unit, (zt_zero_pass)ph, &m->unit_w[unit], &m->unit_g[unit]);
 }
 
 static void hook_after(void *ctx, zt_model *m, int unit, zt_phase ph) {
   (void)m;
-  zt_zero_after(ctx, unit, ph == ZT_PHASE_BWD);
+  zt_zero_after(ctx, unit, (zt_zero_pass)ph);
 }
 
+/* ---- tied embedding over the pipeline's ends -------------------------- */
+
+/* Both ends learn how the first stage's ZeRO partition cuts embed.tokens
+ * (offset 0 of its flat buffer, tied_n elements on this TP rank). */
+static int tied_init(zt_trainer *t, zt_err *e) {
+  zt_model *m = t->model;
+  zt_grid *g = t->grid;
+  if (!m->cfg.tied || g->pp == 1 || (g->pp_rank != 0 && g->pp_rank != g->pp - 1)) return ZT_OK;
+  t->tied_end = g->pp_rank == 0 ? 1 : 2;
+  t->tied_n = m->params[m->embed_tok].t.numel;
+  int64_t first_numel = m->numel;
+  zt_comm_bcast(&g->embed_comm, &first_numel, sizeof first_numel, 0);
+  t->tied_counts = malloc((size_t)g->dp * sizeof *t->tied_counts);
+  t->tied_displs = malloc((size_t)g->dp * sizeof *t->tied_displs);
+  t->tied_part = m->be->alloc((size_t)t->tied_n * sizeof(float));
+  if (!t->tied_counts || !t->tied_displs || !t->tied_part)
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory for the tied embedding");
+  for (int r = 0; r < g->dp; r++) {
+    int64_t from;
+    t->tied_counts[r] = (int)zt_zero_part(first_numel, g->dp, r, 0, t->tied_n, &from);
+    t->tied_displs[r] = t->tied_counts[r] ? (int)from : 0;
+  }
+  t->tied_stale = 1;
+  return ZT_OK;
+}
+
+/* The last stage's copy := the first stage's current embedding: each dp
+ * rank of the first stage sends the part it owns to its partner, and the
+ * last stage's dp group gathers the parts. */
+static void tied_refresh(zt_trainer *t) {
+  if (!t->tied_end || !t->tied_stale) return;
+  zt_grid *g = t->grid;
+  int r = g->dp_rank;
+  size_t bytes = (size_t)t->tied_counts[r] * sizeof(float);
+  if (t->tied_end == 1) {
+    int64_t from, n;
+    const float *w = zt_zero_owned_weights(&t->zero, 0, t->tied_n, &from, &n);
+    zt_comm_bcast(&g->embed_comm, (void *)w, bytes, 0);
+  } else {
+    zt_comm_bcast(&g->embed_comm, t->model->tied_w + t->tied_displs[r], bytes, 0);
+    zt_req q;
+    zt_comm_iallgather_f32(&g->dp_comm, t->model->tied_w, t->tied_counts, t->tied_displs, &q);
+    zt_comm_wait(&q);
+  }
+  t->tied_stale = 0;
+}
+
+/* The copy's gradient joins the embedding's: summed over the last stage's
+ * dp group into the parts the first stage's ranks own, each part sent to
+ * its owner, which adds it (before its own reduction at ZeRO 0-1, into
+ * the reduced shard at 2-3: the engine knows which). */
+static void tied_grads(zt_trainer *t) {
+  zt_grid *g = t->grid;
+  int r = g->dp_rank;
+  size_t bytes = (size_t)t->tied_counts[r] * sizeof(float);
+  if (t->tied_end == 2) {
+    zt_req q;
+    zt_comm_ireduce_scatter_f32(&g->dp_comm, t->model->tied_g, t->tied_part, t->tied_counts,
+                                &q);
+    zt_comm_wait(&q);
+    zt_comm_bcast(&g->embed_comm, t->tied_part, bytes, 1);
+  } else if (t->tied_end == 1) {
+    zt_comm_bcast(&g->embed_comm, t->tied_part, bytes, 1);
+    zt_zero_add_grad(&t->zero, t->tied_displs[r], t->tied_counts[r], t->tied_part);
+  }
+}
+
+/* ---- setup ---------------------------------------------------------------- */
+
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
-                    zt_grid *grid, const zt_zero_cfg *zero,
+                    zt_grid *grid, const zt_zero_cfg *zero, const zt_schedule *sched,
                     const zt_tokens *train, const zt_tokens *val, int shuffle,
                     zt_err *e) {
   memset(t, 0, sizeof *t);
   t->cfg = *cfg;
   t->model = m;
   t->grid = grid;
+  /* a stage's chunks run as separate actions: their units never share a
+   * bucket or a prefetch */
+  int *group = malloc((size_t)m->n_units * sizeof *group);
+  if (!group) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  for (int u = 0; u < m->n_units; u++) group[u] = -1;
+  int last = m->n_chunks - 1, fin = m->n_units - 1;
+  for (int c = 0; c < m->n_chunks; c++)
+    for (int l = m->chunks[c].first; l <= m->chunks[c].last; l++) group[l + 1] = c;
+  group[0] = 0;
+  group[fin] = last;
+  int hu = m->param_unit[m->head];
   zt_zero_units units = {
-      .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel,
-      .tied_unit = m->param_unit[m->head] != m->n_units - 1 ? m->param_unit[m->head] : -1,
-      .final_unit = m->n_units - 1};
+      .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
+      .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
   int rc = zt_zero_init(&t->zero, zero, m->be, &grid->dp_comm, m->numel, &units, m->w,
                         m->g, e);
+  free(group); /* the engine reads groups only while planning */
   if (rc) return rc;
   /* State the engine shards away is freed here: that is the point of ZeRO. */
   if (zero->stage >= 2) {
@@ -47,6 +133,13 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   t->targets = malloc(n * sizeof *t->targets);
   if (!t->inputs || !t->targets)
     return zt_err_set(e, ZT_ERUNTIME, "out of memory for batch buffers");
+  if (grid->pp > 1) {
+    t->piped = 1;
+    t->sched = sched;
+    rc = zt_pipe_init(&t->pipe, m, &grid->pp_comm, sched, e);
+    if (!rc) rc = tied_init(t, e);
+    if (rc) return rc;
+  }
   rc = zt_loader_init(&t->train, train, shuffle, cfg->seed, e);
   if (!rc && val) {
     rc = zt_loader_init(&t->val, val, 0, cfg->seed, e);
@@ -57,6 +150,10 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
 
 void zt_trainer_free(zt_trainer *t) {
   if (t->model) t->model->hooks = (zt_model_hooks){0};
+  if (t->tied_part) t->model->be->free(t->tied_part);
+  free(t->tied_counts);
+  free(t->tied_displs);
+  if (t->piped) zt_pipe_free(&t->pipe);
   zt_zero_free(&t->zero);
   zt_loader_free(&t->train);
   if (t->has_val) zt_loader_free(&t->val);
@@ -65,15 +162,55 @@ void zt_trainer_free(zt_trainer *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* Runs micro-batch a of this rank's slice of global batch k. */
-static double micro_batch(zt_trainer *t, zt_loader *ld, int64_t k, int a, int backward,
-                          float dscale) {
-  const zt_train_cfg *c = &t->cfg;
-  int slice = c->global_batch / t->grid->dp;
-  zt_loader_fill(ld, k, c->global_batch, t->grid->dp_rank * slice + a * c->micro_batch,
-                 c->micro_batch, t->inputs, t->targets);
-  zt_zero_microbatch_begin(&t->zero);
-  return zt_model_step(t->model, t->inputs, t->targets, backward, dscale);
+/* ---- micro-batches ----------------------------------------------------- */
+
+typedef struct { zt_trainer *t; zt_loader *ld; int64_t k; } batch_ctx;
+
+/* Micro-batch a of this rank's slice of global batch k. */
+static void fill(void *ctx, int a, int32_t *inputs, int32_t *targets) {
+  batch_ctx *b = ctx;
+  const zt_train_cfg *c = &b->t->cfg;
+  int slice = c->global_batch / b->t->grid->dp;
+  zt_loader_fill(b->ld, b->k, c->global_batch, b->t->grid->dp_rank * slice + a * c->micro_batch,
+                 c->micro_batch, inputs, targets);
+}
+
+static void before_action(void *ctx) { zt_zero_microbatch_begin(&((batch_ctx *)ctx)->t->zero); }
+
+/* All micro-batches of this rank's slice of global batch k; returns the
+ * sum of their per-token losses (0 on ranks without the loss). */
+static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, float dscale) {
+  batch_ctx b = {t, ld, k};
+  if (t->piped) {
+    tied_refresh(t);
+    return zt_pipe_run(&t->pipe, !backward, dscale, fill, before_action, &b);
+  }
+  double loss = 0;
+  for (int a = 0; a < t->cfg.accum; a++) {
+    fill(&b, a, t->inputs, t->targets);
+    zt_zero_microbatch_begin(&t->zero);
+    loss += zt_model_step(t->model, t->inputs, t->targets, backward, dscale);
+  }
+  return loss;
+}
+
+/* Measured bubble over all ranks (1 - busy / (ranks * makespan)) and the
+ * simulator's for this step's mean action times. */
+static void bubbles(zt_trainer *t, zt_step_stats *st) {
+  const zt_pipe_stats *p = &t->pipe.st;
+  zt_comm *w = &t->grid->world;
+  double sums[7] = {p->busy, p->cost[0], p->cost[1], p->cost[2],
+                    p->count[0], p->count[1], p->count[2]};
+  double span = p->window;
+  zt_comm_allreduce_f64(w, sums, 7);
+  zt_comm_allreduce_max_f64(w, &span, 1);
+  st->bubble = span > 0 ? 1 - sums[0] / (w->size * span) : 0;
+  zt_schedule s = *t->sched;
+  for (int op = 0; op < 3; op++) s.cost[op] = sums[4 + op] > 0 ? sums[1 + op] / sums[4 + op] : 1;
+  zt_schedule_report r;
+  zt_err e = {0};
+  st->bubble_sim = zt_schedule_check(&s, &r, &e) ? -1 : r.bubble;
+  if (!e.code) zt_schedule_report_free(&r);
 }
 
 void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
@@ -85,38 +222,43 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   int64_t tokens = (int64_t)c->global_batch * m->cfg.seq;
 
   zt_zero_grads_begin(&t->zero);
-  double loss = 0;
-  for (int a = 0; a < c->accum; a++)
-    loss += micro_batch(t, &t->train, t->t, a, 1, (float)(1.0 / tokens));
+  if (m->tied_g) m->be->zero(m->tied_g, (size_t)t->tied_n);
+  double loss = run_batch(t, &t->train, t->t, 1, (float)(1.0 / tokens));
+  int early = t->zero.cfg.stage < 2; /* the tied gradient joins before the reduction */
+  if (t->tied_end && early) tied_grads(t);
   zt_optim_range r = {.m = t->zero.m, .v = t->zero.v};
   zt_zero_grads_end(&t->zero, &r.w, &r.g);
+  if (t->tied_end && !early) tied_grads(t);
   r.lo = t->zero.cfg.stage == 0 ? 0 : t->zero.lo;
   r.hi = t->zero.cfg.stage == 0 ? m->numel : t->zero.hi;
 
   /* One reduction over the world of [loss, grad sumsq], each counted once:
-   * the loss by TP rank 0 of each data-parallel rank, gradients by their
-   * owner (all DP ranks hold all of them at stage 0: rank 0 counts). */
+   * the loss by TP rank 0 of each data-parallel rank (and only the last
+   * pipeline stage has one), gradients by their owner (all DP ranks hold
+   * all of them at stage 0: rank 0 counts; the stages hold disjoint
+   * tensors). */
   double sums[2] = {g->tp_rank == 0 ? loss : 0,
                     zt_optim_sumsq(m, &r, t->zero.cfg.stage > 0 || g->dp_rank == 0)};
   zt_comm_allreduce_f64(&g->world, sums, 2);
   st->grad_norm = zt_optim_clip(&c->optim, m, &r, sums[1]);
   st->lr = zt_optim_update(&c->optim, m, &r, ++t->t);
   zt_zero_params_sync(&t->zero);
+  t->tied_stale = 1;
 
   st->loss = sums[0] / (double)tokens;
   st->step = t->t;
   st->tokens = tokens;
   st->bytes_dp = zt_comm_total_bytes(&g->dp_comm) - dp0;
   st->bytes_tp = zt_model_tp_bytes(m) - tp0;
+  st->bubble = st->bubble_sim = 0;
+  if (t->piped) bubbles(t, st);
   st->ms = 1e3 * (zt_timer_now() - t0);
 }
 
 double zt_trainer_eval(zt_trainer *t, int batches) {
-  const zt_train_cfg *c = &t->cfg;
   double sum = 0;
-  for (int k = 0; k < batches; k++)
-    for (int a = 0; a < c->accum; a++) sum += micro_batch(t, &t->val, k, a, 0, 0);
+  for (int k = 0; k < batches; k++) sum += run_batch(t, &t->val, k, 0, 0);
   if (t->grid->tp_rank != 0) sum = 0;
   zt_comm_allreduce_f64(&t->grid->world, &sum, 1);
-  return sum / ((double)batches * c->global_batch * t->model->cfg.seq);
+  return sum / ((double)batches * t->cfg.global_batch * t->model->cfg.seq);
 }

@@ -1,19 +1,25 @@
 /* trainer: the step loop. A step runs the micro-batches of this rank's
- * slice of global batch k (gradient accumulation), lets the ZeRO engine
+ * slice of global batch k (gradient accumulation; with pp > 1 through the
+ * pipeline executor, in the schedule's order), lets the ZeRO engine
  * reduce the gradients over the data-parallel group, clips by the global
  * norm and applies AdamW to this rank's range. The loss of a step is the
  * mean over every token of the global batch, whatever the layout. The
- * trainer also connects the model's unit hooks to the ZeRO engine. */
+ * trainer also connects the model's unit hooks to the ZeRO engine and
+ * keeps a tied head on the last pipeline stage equal to the embedding on
+ * the first: its gradient is added to the embedding's (the sum over the
+ * embedding group), and the updated embedding is sent back to it. */
 #ifndef ZT_TRAINER_H
 #define ZT_TRAINER_H
 
 #include <stdint.h>
 
 #include "parallel/grid.h"
+#include "parallel/schedule.h"
 #include "parallel/zero.h"
 #include "src/data/data.h"
 #include "src/model/model.h"
 #include "src/train/optim.h"
+#include "src/train/pipe.h"
 
 typedef struct zt_train_cfg {
   int micro_batch, global_batch, accum; /* global = micro * accum * dp */
@@ -31,6 +37,9 @@ typedef struct zt_step_stats {
   uint64_t bytes_dp, bytes_tp;   /* bytes this rank moved on each group */
   int64_t state_bytes;           /* model states held by this rank */
   int64_t buffer_bytes;          /* ZeRO gather and bucket buffers */
+  /* pp > 1: idle share of the pipeline's makespan over all ranks,
+   * measured, and simulated with this step's mean action times */
+  double bubble, bubble_sim;
 } zt_step_stats;
 
 typedef struct zt_trainer {
@@ -42,12 +51,25 @@ typedef struct zt_trainer {
   zt_loader train, val;
   int has_val;
   int32_t *inputs, *targets; /* host, one micro-batch */
+
+  /* pp > 1 */
+  int piped;
+  zt_pipe pipe;
+  const zt_schedule *sched;
+  /* tied embedding over pipeline ends: 1 on the first stage (it owns the
+   * tensor), 2 on the last (it holds the copy m->tied_w); 0 elsewhere */
+  int tied_end, tied_stale;
+  int64_t tied_n;                 /* elements of this TP rank's embed.tokens */
+  int *tied_counts, *tied_displs; /* what each dp rank of the first stage owns of it */
+  float *tied_part;
 } zt_trainer;
 
-/* Sets up the ZeRO engine over the model's flat buffers and the hooks.
- * Call after the model's weights are initialised or loaded. */
+/* Sets up the ZeRO engine over the model's flat buffers and the hooks,
+ * and with pp > 1 the executor for schedule `sched` (whose micro-batches
+ * are cfg->accum). Call after the model's weights are initialised; a load
+ * may follow (the tied copy is refreshed at each step). */
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
-                    zt_grid *grid, const zt_zero_cfg *zero,
+                    zt_grid *grid, const zt_zero_cfg *zero, const zt_schedule *sched,
                     const zt_tokens *train, const zt_tokens *val, int shuffle,
                     zt_err *e);
 void zt_trainer_free(zt_trainer *t);
