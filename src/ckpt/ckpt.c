@@ -124,6 +124,10 @@ static void counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int64
                           int64_t *b) {
   const zt_model *m = s->m;
   int64_t off = t->offset, lo = s->z->lo, hi = s->z->hi;
+  if (off < 0) { /* another pipeline stage holds it */
+    *a = *b = 0;
+    return;
+  }
   *a = (lo > off ? lo : off) - off;
   *b = (hi < off + t->numel ? hi : off + t->numel) - off;
   if (*b < *a || !zt_shard_counts_here(t, m->tp_rank, m->tp_size)) *a = *b = 0;
@@ -227,7 +231,8 @@ static const float *live_piece(const zt_ckpt_state *s, int which, int i) {
   const zt_tensor_desc *t = &s->m->params[i].t;
   int64_t a, b, lo, hi;
   counted_range(s, t, &a, &b);
-  return state_at(s->z, which, &lo, &hi) + (t->offset + a - lo);
+  const float *base = state_at(s->z, which, &lo, &hi);
+  return t->offset < 0 ? base : base + (t->offset + a - lo); /* absent: nothing is read */
 }
 
 /* Writes the file: every rank its counted pieces, which are `pieces`
@@ -455,7 +460,7 @@ static int read_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tens
   int64_t lo, hi, off = t->offset;
   float *base = state_at(s->z, which, &lo, &hi);
   int64_t a = (lo > off ? lo : off) - off, b = (hi < off + t->numel ? hi : off + t->numel) - off;
-  if (b < a) a = b = 0;
+  if (b < a || off < 0) a = b = 0, off = lo; /* off < 0: another pipeline stage holds it */
   hid_t fspace = H5Dget_space(ds);
   select_local(fspace, t, a, b);
   hsize_t n = (hsize_t)(b > a ? b - a : 1);
