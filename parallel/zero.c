@@ -76,6 +76,12 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
   z->be = be;
   z->dp = dp;
   z->u = *units;
+  if (units->group) { /* read again at every prefetch: the engine keeps a copy */
+    int *grp = malloc((size_t)units->n * sizeof *grp);
+    if (!grp) return zt_err_set(e, ZT_ERUNTIME, "out of memory (ZeRO tables)");
+    memcpy(grp, units->group, (size_t)units->n * sizeof *grp);
+    z->u.group = grp;
+  }
   z->numel = numel;
   z->S = (numel + dp->size - 1) / dp->size;
   z->counts = malloc((size_t)dp->size * sizeof *z->counts);
@@ -175,6 +181,7 @@ void zt_zero_free(zt_zero *z) {
   free(z->unit_counts);
   free(z->counts);
   free(z->displs);
+  free((void *)z->u.group);
   memset(z, 0, sizeof *z);
 }
 

@@ -114,7 +114,7 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
       .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
   int rc = zt_zero_init(&t->zero, zero, m->be, &grid->dp_comm, m->numel, &units, m->w,
                         m->g, e);
-  free(group); /* the engine reads groups only while planning */
+  free(group); /* the engine keeps a copy */
   if (rc) return rc;
   /* State the engine shards away is freed here: that is the point of ZeRO. */
   if (zero->stage >= 2) {
