@@ -105,7 +105,11 @@ static long long needs(const zt_schedule *s, int st, const zt_action *a) {
   }
 }
 
-static double cost(const zt_schedule *s, const zt_action *a) {
+static double cost(const zt_schedule *s, int st, const zt_action *a) {
+  if (s->stage_cost) { /* measured: per action, per stage */
+    const double *c = s->stage_cost + 3 * st;
+    return c[a->op] + (a->op == ZT_ACT_B && !s->split ? c[ZT_ACT_W] : 0);
+  }
   double c = s->cost[a->op];
   if (a->op == ZT_ACT_B && !s->split) c += s->cost[ZT_ACT_W]; /* B does both */
   return c / s->chunks; /* a chunk is 1/chunks of the stage's layers */
@@ -136,7 +140,7 @@ int zt_schedule_check(zt_schedule *s, zt_schedule_report *r, zt_err *e) {
         const zt_action *a = &s->list[st][pos[st]];
         long long need = needs(s, st, a);
         if (need >= 0 && done[need] < 0) break;
-        double t0 = fmax(clock[st], need >= 0 ? done[need] : 0), c = cost(s, a);
+        double t0 = fmax(clock[st], need >= 0 ? done[need] : 0), c = cost(s, st, a);
         r->start[base + pos[st]] = t0;
         clock[st] = t0 + c;
         busy += c;
@@ -193,7 +197,7 @@ void zt_schedule_print(const zt_schedule *s, const zt_schedule_report *r, FILE *
     for (int i = 0; i < s->n[st]; i++) {
       const zt_action *a = &s->list[st][i];
       int c0 = (int)floor(r->start[base + i] / unit + 1e-9);
-      int c1 = (int)floor((r->start[base + i] + cost(s, a)) / unit + 1e-9);
+      int c1 = (int)floor((r->start[base + i] + cost(s, st, a)) / unit + 1e-9);
       for (int c = c0; c < c1 && c < width; c++)
         row[c] = c == c0 ? op_char[a->op] : (char)('0' + a->mb % 10);
     }

@@ -29,6 +29,9 @@ typedef struct zt_schedule {
   char name[32];
   int stages, microbatches, chunks;
   double cost[3];   /* F, B (input gradient only), W; a B without W costs B+W */
+  const double *stage_cost; /* optional [stages][3]: cost of one action (one
+                               chunk) of each kind on each stage, e.g.
+                               measured; NULL: cost[] / chunks everywhere */
   int *n;           /* actions per stage */
   zt_action **list; /* per stage */
   int split;        /* the lists contain W actions */

@@ -23,6 +23,7 @@
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/core/timer.h"
+#include "src/core/trace.h"
 #include "src/data/data.h"
 #include "src/train/report.h"
 #include "src/train/trainer.h"
@@ -49,6 +50,10 @@ static const char usage[] =
     "      --save PATH  write a checkpoint when training ends\n"
     "                   (--steps 0 --save init.h5 writes the initial model)\n"
     "      --metrics PATH  write one JSON object per step (JSON Lines)\n"
+    "      --trace PATH  write a timeline of every rank (Chrome trace-event JSON,\n"
+    "                   opens in Perfetto): pipeline actions, collectives and\n"
+    "                   transfers, optimizer, steps; meant for short runs (the\n"
+    "                   events stay in memory, ~100 bytes each, until the end)\n"
     "  -h, --help       show this help and exit\n"
     "  -V, --version    show the version and exit\n"
     "\n"
@@ -69,7 +74,7 @@ static const char usage[] =
 typedef struct {
   char **stmts;
   int nstmts;
-  const char *script, *load, *save, *metrics, *resume;
+  const char *script, *load, *save, *metrics, *resume, *trace;
 } cli_args;
 
 /* Every rank learns the first failing rank's status and message, so all
@@ -86,7 +91,8 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   static const struct option longopts[] = {
       {"steps", required_argument, 0, 's'}, {"load", required_argument, 0, 'l'},
       {"save", required_argument, 0, 'o'},  {"metrics", required_argument, 0, 'm'},
-      {"resume", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'},
+      {"resume", required_argument, 0, 'r'}, {"trace", required_argument, 0, 't'},
+      {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   a->stmts = calloc((size_t)argc + 1, sizeof *a->stmts);
@@ -101,6 +107,7 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
       case 'o': a->save = optarg; break;
       case 'm': a->metrics = optarg; break;
       case 'r': a->resume = optarg; break;
+      case 't': a->trace = optarg; break;
       case 'h': return 'h';
       case 'V': return 'V';
       default:
@@ -253,6 +260,27 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
   fflush(stdout);
 }
 
+/* Every rank writes its part of the trace next to PATH; rank 0 joins
+ * them into PATH. */
+static int write_trace(const char *path, zt_comm *world, double origin, zt_err *e) {
+  char part[4096];
+  snprintf(part, sizeof part, "%s.part%d", path, world->rank);
+  int rc = agree(world, zt_trace_write_part(part, origin, e), e);
+  if (!rc && world->rank == 0) {
+    char **parts = calloc((size_t)world->size, sizeof *parts);
+    size_t n = strlen(path) + 24;
+    for (int r = 0; parts && r < world->size; r++)
+      if ((parts[r] = malloc(n))) snprintf(parts[r], n, "%s.part%d", path, r);
+    rc = parts ? zt_trace_merge(path, parts, world->size, e)
+               : zt_err_set(e, ZT_ERUNTIME, "out of memory");
+    for (int r = 0; parts && r < world->size; r++) free(parts[r]);
+    free(parts);
+  }
+  rc = agree(world, rc, e);
+  if (!rc && world->rank == 0) printf("trace %s written (open it in https://ui.perfetto.dev)\n", path);
+  return rc;
+}
+
 static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
@@ -266,6 +294,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
 
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
+  if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
                                plan.model.seq, plan.model.vocab, e);
   if (!rc && plan.data.val)
@@ -314,7 +343,16 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     double peak = plan.train.peak_gflops;
     if (peak <= 0 && rank0 && plan.train.log_every > 0) peak = zt_report_measure_peak_gflops(be);
     rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, tr.t, plan.train.steps,
-                        zt_model_flops_per_token(&model) / plan.parallel.tp, peak, e);
+                        zt_model_flops_per_token(&model) / (plan.parallel.tp * plan.parallel.pp),
+                        peak, e);
+  }
+  rc = agree(world, rc, e);
+  double trace_origin = zt_timer_now(); /* just after agree's collective: about the same moment everywhere */
+  if (!rc && a->trace) {
+    char label[96];
+    snprintf(label, sizeof label, "rank %d (pp %d, dp %d, tp %d)", world->rank, grid.pp_rank,
+             grid.dp_rank, grid.tp_rank);
+    rc = zt_trace_start(world->rank, label, e);
   }
   rc = agree(world, rc, e);
   if (!rc && rank0) print_banner(&plan, &model, &tr, &rep);
@@ -348,6 +386,10 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   if (!rc && bg_rc) rc = bg_rc, *e = bg_err;
   if (!rc && a->save) rc = timed_ckpt(1, a->save, &cs, e);
 
+  if (a->trace && zt_trace_on()) {
+    int trc = write_trace(a->trace, world, trace_origin, e);
+    if (!rc) rc = trc;
+  }
   zt_report_close(&rep);
   zt_trainer_free(&tr);
   if (model.params) zt_model_free(&model);

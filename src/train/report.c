@@ -54,13 +54,17 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   double step_tok_s = (double)st->tokens / (st->ms * 1e-3);
   double mfu = r->peak_flops > 0 ? 100.0 * step_tok_s * r->flops_per_token / r->peak_flops : 0;
 
-  write_json(r, json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:{s:I, s:I}, s:I, s:I}", "step",
-                          (json_int_t)st->step, "loss", st->loss, "lr", st->lr, "grad_norm",
-                          st->grad_norm, "tokens", (json_int_t)st->tokens, "ms", st->ms,
-                          "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
-                          (json_int_t)st->bytes_tp, "state_bytes",
-                          (json_int_t)st->state_bytes, "buffer_bytes",
-                          (json_int_t)st->buffer_bytes));
+  json_t *o = json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:{s:I, s:I}, s:I, s:I}", "step",
+                        (json_int_t)st->step, "loss", st->loss, "lr", st->lr, "grad_norm",
+                        st->grad_norm, "tokens", (json_int_t)st->tokens, "ms", st->ms,
+                        "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
+                        (json_int_t)st->bytes_tp, "state_bytes",
+                        (json_int_t)st->state_bytes, "buffer_bytes",
+                        (json_int_t)st->buffer_bytes);
+  if (o && st->pipeline)
+    json_object_set_new(o, "bubble", json_pack("{s:f, s:f}", "measured", st->bubble,
+                                               "simulated", st->bubble_sim));
+  write_json(r, o);
   int64_t done = st->step - r->first_step, left = r->total_steps - st->step;
   if (r->tty) {
     char eta[32];
@@ -78,6 +82,8 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
            st->grad_norm, st->ms, step_tok_s, mfu);
     if (st->bytes_dp || st->bytes_tp)
       printf(" | dp %.2f MB tp %.2f MB", st->bytes_dp / 1e6, st->bytes_tp / 1e6);
+    if (st->pipeline)
+      printf(" | bubble %.1f%% (simulated %.1f%%)", 100 * st->bubble, 100 * st->bubble_sim);
     printf("\n");
     fflush(stdout);
   }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "src/core/timer.h"
+#include "src/core/trace.h"
 
 /* The model's phases are the engine's passes, in the same order. */
 _Static_assert(ZT_PHASE_FWD == (int)ZT_ZERO_FWD && ZT_PHASE_BWD == (int)ZT_ZERO_BWD &&
@@ -195,22 +196,43 @@ static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, f
 }
 
 /* Measured bubble over all ranks (1 - busy / (ranks * makespan)) and the
- * simulator's for this step's mean action times. */
+ * simulator's for this step's mean time of each action kind on each stage
+ * (the first and last stages carry the embedding and the head: their
+ * actions cost more, which the makespan feels). */
 static void bubbles(zt_trainer *t, zt_step_stats *st) {
   const zt_pipe_stats *p = &t->pipe.st;
   zt_comm *w = &t->grid->world;
-  double sums[7] = {p->busy, p->cost[0], p->cost[1], p->cost[2],
-                    p->count[0], p->count[1], p->count[2]};
-  double span = p->window;
-  zt_comm_allreduce_f64(w, sums, 7);
+  int P = t->grid->pp, me = t->grid->pp_rank;
+  /* [busy, then per stage: time of F, B, W, then count of F, B, W] */
+  double *sums = calloc((size_t)(1 + 6 * P), sizeof *sums), span = p->window;
+  double *cost = malloc((size_t)(3 * P) * sizeof *cost);
+  if (!sums || !cost) {
+    free(sums);
+    free(cost);
+    st->bubble = st->bubble_sim = -1;
+    return;
+  }
+  sums[0] = p->busy;
+  for (int op = 0; op < 3; op++) {
+    sums[1 + 6 * me + op] = p->cost[op];
+    sums[1 + 6 * me + 3 + op] = p->count[op];
+  }
+  zt_comm_allreduce_f64(w, sums, (size_t)(1 + 6 * P));
   zt_comm_allreduce_max_f64(w, &span, 1);
   st->bubble = span > 0 ? 1 - sums[0] / (w->size * span) : 0;
+  for (int s = 0; s < P; s++)
+    for (int op = 0; op < 3; op++) {
+      double n = sums[1 + 6 * s + 3 + op];
+      cost[3 * s + op] = n > 0 ? sums[1 + 6 * s + op] / n : 0;
+    }
   zt_schedule s = *t->sched;
-  for (int op = 0; op < 3; op++) s.cost[op] = sums[4 + op] > 0 ? sums[1 + op] / sums[4 + op] : 1;
+  s.stage_cost = cost;
   zt_schedule_report r;
   zt_err e = {0};
   st->bubble_sim = zt_schedule_check(&s, &r, &e) ? -1 : r.bubble;
   if (!e.code) zt_schedule_report_free(&r);
+  free(sums);
+  free(cost);
 }
 
 void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
@@ -240,8 +262,10 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   double sums[2] = {g->tp_rank == 0 ? loss : 0,
                     zt_optim_sumsq(m, &r, t->zero.cfg.stage > 0 || g->dp_rank == 0)};
   zt_comm_allreduce_f64(&g->world, sums, 2);
+  double t_opt = zt_timer_now();
   st->grad_norm = zt_optim_clip(&c->optim, m, &r, sums[1]);
   st->lr = zt_optim_update(&c->optim, m, &r, ++t->t);
+  zt_trace_slice("compute", "optimizer", NULL, t_opt, zt_timer_now(), NULL, 0, NULL, 0);
   zt_zero_params_sync(&t->zero);
   t->tied_stale = 1;
 
@@ -251,8 +275,11 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   st->bytes_dp = zt_comm_total_bytes(&g->dp_comm) - dp0;
   st->bytes_tp = zt_model_tp_bytes(m) - tp0;
   st->bubble = st->bubble_sim = 0;
+  st->pipeline = t->piped;
   if (t->piped) bubbles(t, st);
-  st->ms = 1e3 * (zt_timer_now() - t0);
+  double t1 = zt_timer_now();
+  st->ms = 1e3 * (t1 - t0);
+  zt_trace_slice("step", "step", NULL, t0, t1, "step", (long long)st->step, NULL, 0);
 }
 
 double zt_trainer_eval(zt_trainer *t, int batches) {

@@ -39,6 +39,7 @@ typedef struct zt_step_stats {
   int64_t buffer_bytes;          /* ZeRO gather and bucket buffers */
   /* pp > 1: idle share of the pipeline's makespan over all ranks,
    * measured, and simulated with this step's mean action times */
+  int pipeline;
   double bubble, bubble_sim;
 } zt_step_stats;
 
