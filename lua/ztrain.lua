@@ -305,9 +305,10 @@ local function partition(fail, layers, pp, chunks, explicit)
     return out
   end
   if layers < V then
-    fail(string.format("parallel.pp = %d%s needs %d blocks but the model has %d; use pp <= %d",
+    fail(string.format("parallel.pp = %d%s needs %d blocks but the model has %d; use pp <= %d%s",
                        pp, chunks > 1 and string.format(" with %d chunks", chunks) or "", V, layers,
-                       layers // chunks))
+                       layers // chunks,
+                       chunks > 1 and string.format(" or chunks <= %d", layers // pp) or ""))
   end
   if chunks > 1 and layers % V ~= 0 then
     fail(string.format("interleaving %d chunks on %d stages needs layers divisible by %d; %d is not "

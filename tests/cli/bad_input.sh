@@ -99,8 +99,6 @@ head -c 3000 other.h5 > cut.h5
 expect 2 "checkpoint cut.h5 cannot be opened (damaged or truncated?)" 1 "$(base "")" --load cut.h5
 expect 2 "--save nowhere/x.h5: cannot write to folder nowhere" 1 "$(base "")" --save nowhere/x.h5
 
-expect 2 "parallel: pp = 2: pipeline execution is not supported by this version yet" 1 \
-  "$(base "model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2}; parallel = {pp = 2}")"
 expect 2 "parallel.zero must be a stage 0, 1, 2 or 3 (got 5)" 1 "$(base "parallel = {zero = 5}")"
 expect 2 "parallel.zero: unknown key 'bucket' (did you mean 'bucket_bytes'?)" 1 \
   "$(base "parallel = {zero = {stage = 2, bucket = 1}}")"
@@ -121,6 +119,18 @@ if [ -n "$MPIRUN" ]; then
     "$(base "model = zt.gpt{vocab = 255, seq = 16, dim = 32, layers = 1, heads = 2}; parallel = {tp = 2}")"
   expect 2 "global_batch 2 is not divisible by micro_batch*dp = 2*2 = 4" 2 \
     "$(base "train.micro_batch = 2; train.global_batch = 2")"
+  # pipelines: refused on every rank before anything is allocated, one message
+  pipe="model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 4, heads = 2}; parallel = {pp = 2}"
+  expect 2 "parallel.pp = 2 needs 2 blocks but the model has 1; use pp <= 1" 2 \
+    "$(base "parallel = {pp = 2}")"
+  expect 2 "parallel.stages[2] starts at block 3 but block 2 comes next" 2 \
+    "$(base "$pipe; parallel.stages = {{0, 1}, {3, 3}}")"
+  expect 2 "interleaving 2 chunks on 2 stages needs layers divisible by 4; 6 is not" 2 \
+    "$(base "$pipe; model.layers = 6; schedule = zt.schedule.interleaved{chunks = 2}")"
+  expect 2 "schedule interleaved needs the micro-batches per step to be a multiple of pp = 2 (at least 2); this run has 1" 2 \
+    "$(base "$pipe; train.global_batch = 2; schedule = zt.schedule.interleaved{chunks = 2}")"
+  expect 2 "schedule custom: stage 1 misses B(mb 0, chunk 0)" 2 \
+    "$(base "$pipe; schedule = function(s, n, m) local l = {} for mb = 0, m - 1 do l[#l + 1] = {op = 'F', mb = mb} end if s == 0 then for mb = 0, m - 1 do l[#l + 1] = {op = 'B', mb = mb} end end return l end")"
 fi
 
 echo "$pass passed, $fail failed"
