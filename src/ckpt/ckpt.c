@@ -13,6 +13,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+static double PROF[10];
+#define PT(k, stmt) do { double t_ = MPI_Wtime(); stmt; PROF[k] += MPI_Wtime() - t_; } while (0)
 static const char *const groups[3] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
 
 uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first) {
@@ -201,7 +203,7 @@ static int write_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_ten
   char path[ZT_NAME_MAX + 32];
   snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
   hid_t fspace = H5Screate_simple(t->ndim, dims, NULL);
-  hid_t ds = H5Dcreate2(f, path, H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t ds; PT(1, ds = H5Dcreate2(f, path, H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   int64_t a, b;
   counted_range(s, t, &a, &b);
   select_local(fspace, t, a, b);
@@ -209,9 +211,9 @@ static int write_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_ten
   hid_t mspace = H5Screate_simple(1, &n, NULL);
   if (b <= a) H5Sselect_none(mspace);
   /* host memory: the CUDA backend will stage through a pinned copy */
-  int bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0;
-  *sum = piece_checksum(t, data, a, b);
-  if (ds >= 0) H5Dclose(ds);
+  int bad; PT(2, bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0);
+  PT(3, *sum = piece_checksum(t, data, a, b));
+  PT(4, if (ds >= 0) H5Dclose(ds));
   H5Sclose(mspace);
   H5Sclose(fspace);
   return bad;
@@ -257,7 +259,8 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, MPI
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
   /* HDF5 makes its own MPI calls: none of ours may run meanwhile */
   zt_comm_lock();
-  hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  memset(PROF, 0, sizeof PROF); double T0 = MPI_Wtime();
+  hid_t f; PT(0, f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
   bad = f < 0 || !sums || write_record(f, s, step) || write_script(f, s->script_text, !rank, dxpl);
   /* test hook: die halfway through writing the file, as a crash would */
   const char *die = getenv("ZT_TEST_KILL_IN_SAVE");
@@ -272,8 +275,10 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, MPI
       zt_comm_lock();
     }
   /* a failure on any rank fails the file for all */
+  double T1 = MPI_Wtime();
   MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_LOR, comm);
   if (!any) MPI_Allreduce(MPI_IN_PLACE, sums, 3 * np, MPI_UINT64_T, MPI_SUM, comm);
+  PROF[5] = MPI_Wtime() - T1; T1 = MPI_Wtime();
   for (int which = 0; which < 3 && !any; which++)
     for (int i = 0; i < np && !any; i++)
       any = set_checksum(f, which, &m->params[i].t, sums[which * np + i]);
@@ -283,18 +288,22 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, MPI
     snprintf(dst, sizeof dst, "/optim/master/%s", m->params[i].t.name);
     any = H5Lcreate_hard(f, src, f, dst, H5P_DEFAULT, H5P_DEFAULT) < 0;
   }
-  if (f >= 0 && H5Fclose(f) < 0) any = 1;
+  PROF[6] = MPI_Wtime() - T1;
+  PT(7, if (f >= 0 && H5Fclose(f) < 0) any = 1);
   H5Pclose(fapl);
   H5Pclose(dxpl);
   free(sums);
   if (!rank) {
-    rc = any ? zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (HDF5 error)", path)
-             : zt_fs_publish(tmp, path, e);
+    PT(8, rc = any ? zt_err_set(e, ZT_ERUNTIME, "writing checkpoint %s failed (HDF5 error)", path)
+             : zt_fs_publish(tmp, path, e));
     if (rc) unlink(tmp);
   }
   MPI_Bcast(&rc, 1, MPI_INT, 0, comm);
   if (rc) MPI_Bcast(e->msg, sizeof e->msg, MPI_CHAR, 0, comm);
   zt_comm_unlock();
+  if (getenv("ZT_CKPT_PROF") && rank < 2)
+    fprintf(stderr, "PROF r%d total %.2f fcreate %.2f dcreate %.2f write %.2f sum %.2f dclose %.2f reduce %.2f attrs %.2f fclose %.2f publish %.2f\n",
+            rank, MPI_Wtime() - T0, PROF[0], PROF[1], PROF[2], PROF[3], PROF[4], PROF[5], PROF[6], PROF[7], PROF[8]);
   e->code = rc;
   return rc;
 }

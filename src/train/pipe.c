@@ -11,6 +11,8 @@
 
 static const char *const op_names[3] = {"F", "B", "W"};
 
+static int grow_sends(zt_pipe *p);
+
 void zt_pipe_slots(const zt_schedule *s, int stage, int *slots) {
   int *held = calloc((size_t)s->chunks, sizeof *held);
   for (int c = 0; c < s->chunks; c++) slots[c] = 0;
@@ -92,6 +94,7 @@ int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_
   }
   for (int i = 0; ok && i < p->window; i++)
     ok = (p->rbuf[i] = m->be->alloc(p->msg * sizeof(float))) != NULL;
+  ok = ok && grow_sends(p) == 0; /* the first send buffer: later ones as needed */
   if (!ok) {
     zt_pipe_free(p);
     return zt_err_set(e, ZT_ERUNTIME, "out of memory for the pipeline executor");
@@ -170,23 +173,27 @@ static void reap_sends(zt_pipe *p) {
     if (p->sends[i].busy && zt_comm_test(&p->sends[i].req)) p->sends[i].busy = 0;
 }
 
+/* One more send buffer; nonzero when there is no memory for it. */
+static int grow_sends(zt_pipe *p) {
+  zt_pipe_send *more = realloc(p->sends, (size_t)(p->n_sends + 1) * sizeof *more);
+  if (more) p->sends = more;
+  float *buf = more ? p->m->be->alloc(p->msg * sizeof(float)) : NULL;
+  if (!buf) return 1;
+  p->sends[p->n_sends++] = (zt_pipe_send){.buf = buf};
+  return 0;
+}
+
 static void send(zt_pipe *p, const float *x, int peer, int t) {
   reap_sends(p);
   int k = 0;
   while (k < p->n_sends && p->sends[k].busy) k++;
-  if (k == p->n_sends) { /* all in flight: one more buffer */
-    zt_pipe_send *more = realloc(p->sends, (size_t)(k + 1) * sizeof *more);
-    float *buf = p->m->be->alloc(p->msg * sizeof(float));
-    if (!more || !buf) { /* no memory: this send waits for the oldest */
-      if (more) p->sends = more;
-      p->m->be->free(buf);
-      k = 0;
-      zt_comm_wait_idle(&p->sends[0].req);
-    } else {
-      p->sends = more;
-      p->sends[k] = (zt_pipe_send){.buf = buf};
-      p->n_sends++;
-    }
+  if (k == p->n_sends && grow_sends(p)) {
+    /* no memory for another buffer: wait for the oldest transfer (its
+     * receiver has it posted or will post it: the lists do not deadlock) */
+    k = 0;
+    for (int i = 1; i < p->n_sends; i++)
+      if (p->sends[i].req.seq < p->sends[k].req.seq) k = i;
+    zt_comm_wait_idle(&p->sends[k].req);
   }
   p->m->be->copy(p->sends[k].buf, x, p->msg);
   p->sends[k].busy = 1;

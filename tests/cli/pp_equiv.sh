@@ -4,7 +4,8 @@
 # micro-batches per step. Every built-in schedule at pp 2 and 4 alone;
 # then every schedule under every ZeRO stage combined with tp 2, dp 2 or
 # both (np <= 8), the layouts taken in turn so that each appears with
-# several schedules and stages. Each run: every step's loss within 1e-5
+# several schedules and stages; then sequence parallelism and tp 4 (llama:
+# kv heads replicated) with split backward and interleaving. Each run: every step's loss within 1e-5
 # relative, every tensor within 1e-4 relative L2 (tests/ref/equiv.py).
 # Usage: pp_equiv.sh ZTRAIN gpt|llama MPIRUN...
 set -eu
@@ -30,12 +31,13 @@ LUA
 
 SCHEDULES=("gpipe{}" "one_f_one_b{}" "interleaved{chunks = 2}" "zero_bubble{}")
 n=0
-run() { # PP TP DP ZERO SCHEDULE
-  local d="run$n" np=$(($1 * $2 * $3)); n=$((n + 1))
+run() { # PP TP DP ZERO SCHEDULE [SP: true|false]
+  local d="run$n" np=$(($1 * $2 * $3)) sp=${6:-false}; n=$((n + 1))
   local what="pp $1 tp $2 dp $3 zero $4 ${5%%\{*}"
+  [ "$sp" = true ] && what="$what sp"
   mkdir "$d"
   (cd "$d" && OMP_NUM_THREADS=1 timeout 300 "${MPI[@]}" -np $np "$Z" ../run.lua \
-     -e "parallel = {pp = $1, tp = $2, dp = $3, zero = {stage = $4, bucket_bytes = 4096}}" \
+     -e "parallel = {pp = $1, tp = $2, dp = $3, zero = {stage = $4, bucket_bytes = 4096}, sequence_parallel = $sp}" \
      -e "schedule = zt.schedule.$5" --metrics m.jsonl --save final.h5 > out.txt 2>&1) ||
     { echo "FAIL: $what: run failed"; tail -5 "$d/out.txt"; exit 1; }
   printf '%-44s ' "$what:"
@@ -54,4 +56,9 @@ for s in "${SCHEDULES[@]}"; do
     k=$((k + 1))
   done
 done
+# sequence parallelism inside a pipeline, split backward included; at tp 4
+# llama's 2 kv heads are each replicated over 2 TP ranks
+run 2 2 2 2 "zero_bubble{}" true
+run 2 4 1 3 "zero_bubble{}"
+run 2 4 1 1 "interleaved{chunks = 2}" true
 echo "pp_equiv $ARCH: $n runs equal to the single process"
