@@ -233,6 +233,8 @@ static void p2p(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r, 
   r->t0 = zt_timer_now();
   c->calls[r->op]++;
   if (send) c->bytes[r->op] += n * sizeof *buf;
+  r->mpi = MPI_REQUEST_NULL;
+  if (send && zt_watchdog_should_skip_send(c)) return;
   zt_comm_lock();
   if (send) MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, c->mpi, &r->mpi);
   else MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, c->mpi, &r->mpi);

@@ -35,6 +35,7 @@ static struct {
   int skip_rank;
   char skip_group[16];
   long long skip_seq;
+  long long sends_seen; /* sends by this rank on the skip group, for the hook */
 } wd = {.lock = PTHREAD_MUTEX_INITIALIZER, .skip_rank = -1};
 
 static long long now_ns(void) {
@@ -64,12 +65,24 @@ void zt_watchdog_enter(zt_comm *c, zt_comm_op op, uint64_t seq) {
 
 void zt_watchdog_leave(void) { atomic_store(&wd.wait_since_ns, 0); }
 
-int zt_watchdog_should_skip(const zt_comm *c, uint64_t seq) {
+/* Whether this rank is the one the test hook names, on group c. */
+static int skip_here(const zt_comm *c, int *me) {
   if (wd.skip_rank < 0 || c->world_ranks == NULL) return 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, me);
+  return *me == wd.skip_rank && !strcmp(c->name, wd.skip_group);
+}
+
+int zt_watchdog_should_skip_send(const zt_comm *c) {
   int me;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  if (me != wd.skip_rank || strcmp(c->name, wd.skip_group) || (long long)seq != wd.skip_seq)
-    return 0;
+  if (!skip_here(c, &me) || ++wd.sends_seen != wd.skip_seq) return 0;
+  fprintf(stderr, "ztrain: test: rank %d skips send #%lld on group %s\n", me, wd.sends_seen,
+          c->name);
+  return 1;
+}
+
+int zt_watchdog_should_skip(const zt_comm *c, uint64_t seq) {
+  int me;
+  if (!skip_here(c, &me) || (long long)seq != wd.skip_seq) return 0;
   /* the skipped collective was never joined: do not count it */
   atomic_fetch_sub(&((zt_comm *)c)->seq, 1);
   fprintf(stderr, "ztrain: test: rank %d skips collective #%llu of group %s\n", me,

@@ -28,5 +28,9 @@ void zt_watchdog_unregister(zt_comm *c);
 /* Test hook: ZT_TEST_SKIP_COLLECTIVE="RANK:GROUP:SEQ" makes world rank RANK
  * skip collective SEQ of GROUP, so tests can check the report. */
 int zt_watchdog_should_skip(const zt_comm *c, uint64_t seq);
+/* The same hook for point-to-point transfers: on that group SEQ counts
+ * this rank's sends (the pipeline's activations and gradients), and the
+ * SEQ-th one is never posted, so its receiver waits forever. */
+int zt_watchdog_should_skip_send(const zt_comm *c);
 
 #endif

@@ -2,7 +2,8 @@
 # A hang becomes a report: rank 1 skips the third collective of the world
 # group (a test hook); with parallel.timeout = 2 the job must end within a
 # minute, non-zero, with each stuck rank naming the operation, the sequence
-# number, the group and the rank that has not arrived.
+# number, the group and the rank that has not arrived. The same for a
+# pipeline transfer that never comes.
 # Usage: watchdog.sh ZTRAIN MPIRUN...
 set -u
 Z=$(realpath "$1"); shift
@@ -35,5 +36,26 @@ elif grep -qF -- "$r1" err.txt && grep -qF -- "$r1b" err.txt && grep -qF -- "$r1
 else echo "FAIL: no complete watchdog report"; fail=1; fi
 [ "$fail" = 0 ] || sed 's/^/    stderr: /' err.txt | head -20
 echo "ended after ${took}s with exit code $rc"
+
+# A pipeline transfer that never comes: rank 0 (stage 0) skips its third
+# send on the pp group; the stage that waits for it, and the one waiting
+# on that stage in turn, each name the transfer they wait in.
+cat > pipe.lua <<'LUA'
+local zt = require "ztrain"
+model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2}
+train = {micro_batch = 1, global_batch = 4, steps = 20, log_every = 0}
+data = {train = "tok.bin"}
+parallel = {timeout = 2, pp = 2}
+LUA
+ZT_TEST_SKIP_COLLECTIVE="0:pp:3" timeout 60 "$@" -x ZT_TEST_SKIP_COLLECTIVE -np 2 "$Z" pipe.lua \
+  > out2.txt 2> err2.txt
+rc=$?
+[ "$rc" != 0 ] && [ "$rc" != 124 ] || { echo "FAIL: pipeline: exit code $rc (124 = hung until timeout)"; fail=1; }
+if grep -qE "ztrain: watchdog: rank [01]: recv #[0-9]+ on group pp \(2 ranks\) has waited" err2.txt &&
+   grep -qE "ztrain: watchdog:   rank [01] is waiting in recv #[0-9]+ on group pp" err2.txt; then :
+else
+  echo "FAIL: pipeline: no complete watchdog report"; fail=1
+  sed 's/^/    stderr: /' err2.txt | head -20
+fi
 [ "$fail" = 0 ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
 [ "$fail" = 0 ]
