@@ -413,30 +413,3 @@ const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64
   if (!*n) return NULL;
   return z->cfg.stage < 3 ? z->w_full + *from : z->w_shard + (*from - z->lo);
 }
-
-/* ---- checkpoints --------------------------------------------------------- */
-
-static float *state_part(zt_zero *z, int which, int *full) {
-  *full = which == 0 ? z->cfg.stage < 3 : z->cfg.stage == 0;
-  return which == 0 ? (z->cfg.stage < 3 ? z->w_full : z->w_shard) : which == 1 ? z->m : z->v;
-}
-
-void zt_zero_gather_state(zt_zero *z, int which, float *full) {
-  int whole;
-  float *src = state_part(z, which, &whole);
-  if (whole) {
-    if (full != src) z->be->copy(full, src, (size_t)z->numel);
-    return;
-  }
-  zt_comm_gatherv_f32(z->dp, src, full, z->counts, z->displs, 0);
-}
-
-void zt_zero_scatter_state(zt_zero *z, int which, const float *full) {
-  int whole;
-  float *dst = state_part(z, which, &whole);
-  if (whole) {
-    if (full != dst) z->be->copy(dst, full, (size_t)z->numel);
-  } else {
-    z->be->copy(dst, full + z->lo, (size_t)(z->hi - z->lo));
-  }
-}

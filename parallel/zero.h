@@ -140,11 +140,4 @@ void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src);
 const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,
                                    int64_t *n);
 
-/* Checkpoint support: the full Ψ-element buffer of parameters (which = 0),
- * exp_avg (1) or exp_avg_sq (2) on dp rank 0 (`full` on other ranks is
- * scratch of Ψ elements), and the reverse (every rank passes the full
- * buffer and keeps its part). */
-void zt_zero_gather_state(zt_zero *z, int which, float *full);
-void zt_zero_scatter_state(zt_zero *z, int which, const float *full);
-
 #endif
