@@ -272,6 +272,7 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, MPI
   uint64_t *sums = calloc((size_t)3 * np, sizeof *sums);
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER);
   H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+  zt_h5_checked_metadata(fapl);
   /* collective calls (every rank takes part in each tensor); write_tensor
    * picks collective or independent I/O underneath */
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);

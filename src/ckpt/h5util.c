@@ -87,3 +87,7 @@ int zt_fs_check_writable(const char *what, const char *path, zt_err *e) {
   free(copy);
   return rc;
 }
+
+void zt_h5_checked_metadata(hid_t fapl) {
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110);
+}

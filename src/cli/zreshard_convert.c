@@ -235,7 +235,10 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
      * one's metadata checksums would catch damaged metadata, but HDF5
      * 1.10's readers of its dense link storage free garbage on exactly
      * that error path (found by fuzzing), so they buy nothing today */
-    cv.f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    zt_h5_checked_metadata(fapl);
+    cv.f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
     if (cv.f < 0) rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s", tmp);
   }
   if (!rc) {
