@@ -2,6 +2,7 @@
  * failure while opening is the file's fault (ZT_EINPUT), since the file is
  * only read. */
 #include "src/ckpt/ckpt_file.h"
+#include "src/ckpt/h5util.h"
 
 #include "src/ckpt/ckpt.h"
 
@@ -201,8 +202,9 @@ static int read_int_attr(hid_t obj, const char *name, const char *what, int u, v
   int rc = ZT_OK;
   if (type < 0 || space < 0)
     rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
-  else if (H5Tget_class(type) != H5T_INTEGER || H5Sget_simple_extent_npoints(space) != 1 ||
-           H5Tget_size(type) > 8 || (u && (H5Tget_size(type) != 8 || H5Tget_sign(type) != H5T_SGN_NONE)))
+  else if (H5Tget_class(type) != H5T_INTEGER || !zt_h5_plain_number(type) ||
+           H5Sget_simple_extent_npoints(space) != 1 || H5Tget_size(type) > 8 ||
+           (u && (H5Tget_size(type) != 8 || H5Tget_sign(type) != H5T_SGN_NONE)))
     rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is not a %s integer", what, name,
                     u ? "scalar unsigned 64-bit" : "scalar");
   else if (H5Aread(a, u ? H5T_NATIVE_UINT64 : H5T_NATIVE_INT64, v) < 0)
@@ -236,6 +238,7 @@ static int read_script(zt_ckpt_file *cf, zt_err *e) {
   hid_t space = ds >= 0 ? H5Dget_space(ds) : -1;
   hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
   if (type < 0 || space < 0 || H5Tget_class(type) != H5T_INTEGER || H5Tget_size(type) != 1 ||
+      !zt_h5_plain_number(type) ||
       H5Sget_simple_extent_ndims(space) != 1 || n < 0 || n > ZT_CKPT_MAX_TEXT) {
     rc = zt_err_set(e, ZT_EINPUT, "%s: /script is not a byte array of at most %d bytes",
                     cf->path, ZT_CKPT_MAX_TEXT);

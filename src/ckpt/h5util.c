@@ -31,11 +31,7 @@ int zt_h5_write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t 
   return bad;
 }
 
-/* Whether HDF5 can convert a stored number of this type safely: it
- * converts by the precision, offset and bit fields the file states, which
- * HDF5 1.10 does not check against the size (damaged ones read past the
- * value). Integers whose bits fit their size, and IEEE floats. */
-static int plain_number(hid_t type) {
+int zt_h5_plain_number(hid_t type) {
   if (H5Tget_class(type) == H5T_INTEGER) {
     size_t size = H5Tget_size(type), prec = H5Tget_precision(type);
     int off = H5Tget_offset(type);
@@ -51,7 +47,7 @@ int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *va
   hid_t space = a < 0 ? -1 : H5Aget_space(a);
   hid_t type = a < 0 ? -1 : H5Aget_type(a);
   int ok = space >= 0 && type >= 0 && H5Sget_simple_extent_type(space) == H5S_SCALAR &&
-           plain_number(type) && H5Aread(a, mem_type, value) >= 0;
+           zt_h5_plain_number(type) && H5Aread(a, mem_type, value) >= 0;
   if (type >= 0) H5Tclose(type);
   if (space >= 0) H5Sclose(space);
   if (a >= 0) H5Aclose(a);

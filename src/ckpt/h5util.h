@@ -27,6 +27,12 @@ int zt_fs_publish(const char *tmp, const char *path, zt_err *e);
  * option in the message ("--save", "-o"). Found before any work. */
 int zt_fs_check_writable(const char *what, const char *path, zt_err *e);
 
+/* Whether HDF5 can convert a stored number of this type safely: it
+ * converts by the precision, offset and bit fields the file states, which
+ * HDF5 1.10 does not check against the size (damaged ones read past the
+ * value). Integers whose bits fit their size, and IEEE floats. */
+int zt_h5_plain_number(hid_t type);
+
 /* File-access property: write HDF5 1.10's file format (superblock v3,
  * object headers v2), whose metadata carries checksums, so that a damaged
  * file is refused by HDF5 itself instead of being decoded blindly (1.10.8
