@@ -5,8 +5,11 @@
 # then every schedule under every ZeRO stage combined with tp 2, dp 2 or
 # both (np <= 8), the layouts taken in turn so that each appears with
 # several schedules and stages; then sequence parallelism and tp 4 (llama:
-# kv heads replicated) with split backward and interleaving. Each run: every step's loss within 1e-5
-# relative, every tensor within 1e-4 relative L2 (tests/ref/equiv.py).
+# kv heads replicated) with split backward and interleaving. Each run:
+# every step's loss within 1e-5 relative, every tensor within 1e-4
+# relative L2 (tests/ref/equiv.py), and
+# the first stage's dp traffic and model-state bytes equal to ZeRO's
+# formulas over that stage's parameters (tests/ref/pp_check.py).
 # Usage: pp_equiv.sh ZTRAIN gpt|llama MPIRUN...
 set -eu
 Z=$(realpath "$1"); ARCH=$2; shift 2
@@ -43,6 +46,10 @@ run() { # PP TP DP ZERO SCHEDULE [SP: true|false]
   printf '%-44s ' "$what:"
   /usr/bin/python3 "$HERE/ref/equiv.py" ref/m.jsonl ref/final.h5 "$d/m.jsonl" "$d/final.h5" ||
     { echo "FAIL: $what"; exit 1; }
+  local chunks=1
+  case $5 in interleaved*) chunks=2 ;; esac
+  /usr/bin/python3 "$HERE/ref/pp_check.py" "$d" $1 $2 $3 $4 $chunks ||
+    { echo "FAIL: $what: traffic or memory"; exit 1; }
 }
 
 for pp in 2 4; do

@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""ZeRO's traffic and memory under a pipeline, on the first stage.
+
+    pp_check.py RUN_DIR PP TP DP ZERO CHUNKS
+
+RUN_DIR holds m.jsonl (rank 0's metrics) and final.h5. Rank 0 is the first
+stage's rank (dp 0, tp 0). Its Ψ is computed here from the logical shapes
+and Megatron's sharding rules (tests/ref/grid_check.py), over the tensors of
+the first stage only: the embedding and the blocks of virtual stages
+c·pp (c < CHUNKS), the blocks split evenly (the balanced partition when
+pp·CHUNKS divides the layers). Per step, the bytes rank 0 moved on its dp
+group must equal the formulas of docs/parallelism.md with that Ψ and a = the
+micro-batches per step (zero 0, 1: 2Ψ(dp−1)/dp · 4; zero 2: (a+1)Ψ(dp−1)/dp
+· 4; zero 3: 3aΨ(dp−1)/dp · 4), and its model-state bytes the state formula,
+within 1%. Exit 0 on pass, 1 on failure.
+"""
+import sys
+
+import ztorch
+from compare import read_metrics
+from grid_check import local_count, unit_of
+
+
+def main() -> int:
+    if len(sys.argv) != 7:
+        print(__doc__)
+        return 2
+    run, (pp, tp, dp, zero, chunks) = sys.argv[1], map(int, sys.argv[2:])
+    rows = read_metrics(run + "/m.jsonl")
+    ck = ztorch.read_checkpoint(run + "/final.h5")
+    m, train = ck.plan["model"], ck.plan["train"]
+    L, V = m["layers"], pp * chunks
+    if L % V:
+        print(f"pp_check: {L} layers do not split evenly over {V} virtual stages")
+        return 2
+    per = L // V
+    first = {0} | {1 + v * per + i for v in range(0, V, pp) for i in range(per)}
+    psi = sum(local_count(n, t.size, tp, m["kv_heads"]) for n, t in ck.model.items()
+              if unit_of(n, L) in first)
+    a = train["global_batch"] // (train["micro_batch"] * dp)
+    frac = (dp - 1) / dp
+    want_dp = 4 * psi * frac * {0: 2, 1: 2, 2: a + 1, 3: 3 * a}[zero]
+    S = psi / dp
+    want_state = {0: 16 * psi, 1: 8 * psi + 8 * S, 2: 4 * psi + 12 * S, 3: 16 * S}[zero]
+    bad = []
+    for r in rows:
+        got = r["bytes"]["dp"]
+        if (want_dp == 0 and got != 0) or (want_dp and abs(got - want_dp) > 0.01 * want_dp):
+            bad.append(f"step {r['step']}: dp bytes {got}, formula {want_dp:.0f}")
+    st = rows[-1]["state_bytes"] if rows else -1
+    if abs(st - want_state) > 0.01 * want_state:
+        bad.append(f"model states {st} bytes, formula {want_state:.0f}")
+    print(f"   first stage: Ψ {psi}, dp bytes/step {rows[-1]['bytes']['dp'] if rows else None} "
+          f"(formula {want_dp:.0f}), states {st} (formula {want_state:.0f})")
+    for b in bad[:5]:
+        print("FAIL:", b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
