@@ -84,10 +84,14 @@ int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_
   p->rbusy = calloc((size_t)p->window, sizeof *p->rbusy);
   int longest = s->n[p->stage] > p->mbs * p->chunks ? s->n[p->stage] : p->mbs * p->chunks;
   p->recv_of = malloc((size_t)longest * sizeof *p->recv_of);
+  /* evaluation: each micro-batch through each chunk in turn */
+  p->fwd_list = malloc((size_t)p->mbs * p->chunks * sizeof *p->fwd_list);
+  for (int i = 0; p->fwd_list && i < p->mbs * p->chunks; i++)
+    p->fwd_list[i] = (zt_action){.op = ZT_ACT_F, .mb = i / p->chunks, .chunk = i % p->chunks};
   p->inputs = malloc(N * sizeof *p->inputs);
   p->targets = malloc(N * sizeof *p->targets);
   int ok = p->slot_of && p->free_slot && p->n_free && p->rbuf && p->rreq && p->rbusy &&
-           p->recv_of && p->inputs && p->targets;
+           p->recv_of && p->fwd_list && p->inputs && p->targets;
   for (int c = 0; ok && c < p->chunks; c++) {
     p->free_slot[c] = malloc((size_t)m->chunks[c].n_slots * sizeof(int));
     ok = p->free_slot[c] != NULL;
@@ -115,6 +119,7 @@ void zt_pipe_free(zt_pipe *p) {
   free(p->rbusy);
   free(p->recv_of);
   free(p->sends);
+  free(p->fwd_list);
   free(p->inputs);
   free(p->targets);
   memset(p, 0, sizeof *p);
@@ -254,16 +259,8 @@ static double run_action(zt_pipe *p, const zt_action *list, int i, int forward_o
 
 double zt_pipe_run(zt_pipe *p, int forward_only, float dscale, zt_pipe_fill fill,
                    zt_pipe_before before, void *ctx) {
-  const zt_action *list = p->sched->list[p->stage];
-  int n = p->sched->n[p->stage];
-  zt_action *fwd = NULL;
-  if (forward_only) { /* every micro-batch through each chunk in turn */
-    n = p->mbs * p->chunks;
-    fwd = malloc((size_t)n * sizeof *fwd);
-    for (int i = 0; i < n; i++)
-      fwd[i] = (zt_action){.op = ZT_ACT_F, .mb = i / p->chunks, .chunk = i % p->chunks};
-    list = fwd;
-  }
+  const zt_action *list = forward_only ? p->fwd_list : p->sched->list[p->stage];
+  int n = forward_only ? p->mbs * p->chunks : p->sched->n[p->stage];
   for (int c = 0; c < p->chunks; c++) {
     p->n_free[c] = p->m->chunks[c].n_slots;
     for (int s = 0; s < p->n_free[c]; s++) p->free_slot[c][s] = p->n_free[c] - 1 - s;
@@ -285,6 +282,5 @@ double zt_pipe_run(zt_pipe *p, int forward_only, float dscale, zt_pipe_fill fill
       p->sends[i].busy = 0;
     }
   p->st.window = zt_timer_now() - start;
-  free(fwd);
   return loss;
 }

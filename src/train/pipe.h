@@ -53,6 +53,7 @@ typedef struct zt_pipe {
   zt_pipe_send *sends;
   int n_sends;
   size_t msg;   /* floats per transfer: [Ns, C] */
+  zt_action *fwd_list; /* evaluation: F of each micro-batch through each chunk */
   int32_t *inputs, *targets;
   zt_pipe_stats st;
 } zt_pipe;
