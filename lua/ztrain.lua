@@ -272,11 +272,54 @@ local specs = {
 local optional = { parallel = true, checkpoint = true }
 local globals = { "model", "parallel", "train", "data", "checkpoint", "schedule" }
 
+-- Forward FLOPs per token of one block and of the head (backward costs
+-- about twice either, so the ratio is what matters): the block's matmuls
+-- (qkv, attention output, MLP) and attention scores and values over the
+-- sequence; the head's logits. The embedding is a lookup: no compute.
+local function costs(m)
+  local C, hd = m.dim, m.dim // m.heads
+  local qkv = (m.heads + 2 * m.kv_heads) * hd
+  local mlp = m.kind == "llama" and 3 * m.ffn_dim or 2 * m.ffn_dim
+  return 2 * C * (qkv + C + mlp) + 4 * m.seq * C, 2 * C * m.vocab
+end
+
+-- Contiguous split of `layers` blocks over V stages, each at least one
+-- block, stage V also carrying `head` (in blocks): the largest stage cost
+-- as small as it can be, and then, stage by stage from the first, each as
+-- light as that allows (the first stage holds the embedding's parameters).
+local function balanced(layers, V, head)
+  local function cost(i, k) return k + (i == V and head or 0) end
+  -- best[i][j]: the least largest cost of blocks j.. over stages i..V
+  local best = {}
+  for i = V, 1, -1 do
+    best[i] = {}
+    for j = 0, layers - 1 do
+      local left = layers - j
+      if i == V then
+        best[i][j] = cost(i, left)
+      else
+        local b = math.huge
+        for k = 1, left - (V - i) do b = math.min(b, math.max(cost(i, k), best[i + 1][j + k])) end
+        best[i][j] = b
+      end
+    end
+  end
+  local size, j, target = {}, 0, best[1][0] + 1e-9
+  for i = 1, V - 1 do
+    local k = 1
+    while math.max(cost(i, k), best[i + 1][j + k]) > target do k = k + 1 end
+    size[i], j = k, j + k
+  end
+  size[V] = layers - j
+  return size
+end
+
 -- Blocks of each virtual stage (pp * chunks of them, in pipeline order):
 -- the user's list, checked to be an ordered cover of all blocks, or a
--- balanced split that gives spare blocks to the middle stages first (the
--- first carries the embedding, the last the head and the loss).
-local function partition(fail, layers, pp, chunks, explicit)
+-- split balanced by compute (`balanced`: the last stage's head counts as
+-- the blocks it costs); with interleaving an even split, which it needs.
+local function partition(fail, model, pp, chunks, explicit)
+  local layers = model.layers
   local V = pp * chunks
   local out = {}
   if explicit then
@@ -314,15 +357,13 @@ local function partition(fail, layers, pp, chunks, explicit)
     fail(string.format("interleaving %d chunks on %d stages needs layers divisible by %d; %d is not "
                        .. "(blocks per stage would be %.2f)", chunks, pp, V, layers, layers / V))
   end
-  local base, extra = layers // V, layers % V
   local size = {}
-  for i = 1, V do size[i] = base end
-  for i = 2, V - 1 do
-    if extra == 0 then break end
-    size[i] = size[i] + 1; extra = extra - 1
+  if chunks > 1 then
+    for i = 1, V do size[i] = layers // V end
+  else
+    local block, head = costs(model)
+    size = balanced(layers, V, head / block)
   end
-  if extra > 0 then size[V] = size[V] + 1; extra = extra - 1 end
-  if extra > 0 then size[1] = size[1] + 1 end
   local first = 0
   for i = 1, V do out[i] = { first, first + size[i] - 1 }; first = first + size[i] end
   return out
@@ -373,7 +414,7 @@ function M._plan(script)
   if math.type(chunks) ~= "integer" or chunks < 1 then
     fail("schedule chunks must be an integer >= 1, got " .. tostring(chunks))
   end
-  plan.parallel.stages = partition(fail, plan.model.layers, plan.parallel.pp, chunks,
+  plan.parallel.stages = partition(fail, plan.model, plan.parallel.pp, chunks,
                                    plan.parallel.stages)
   local lr = plan.train.lr
   if lr.kind == "cosine" then

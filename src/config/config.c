@@ -232,6 +232,13 @@ static char *plan_json(const zt_plan *p) {
       p->data.token_bytes == 4 ? "u32" : "u16", "shuffle", p->data.shuffle,
       "parallel", "dp", p->parallel.dp, "tp", p->parallel.tp, "pp", p->parallel.pp,
       "zero", p->parallel.zero.stage, "sequence_parallel", p->parallel.sequence_parallel);
+  /* the pipeline as it ran: blocks of each virtual stage, the schedule */
+  json_t *stages = json_array(), *par = json_object_get(root, "parallel");
+  for (int v = 0; v < p->pipeline.n_virtual; v++)
+    json_array_append_new(stages, json_pack("[i, i]", p->pipeline.first[v], p->pipeline.last[v]));
+  json_object_set_new(par, "stages", stages);
+  json_object_set_new(par, "schedule", json_pack("{s:s, s:i}", "name", p->pipeline.schedule.name,
+                                                 "chunks", p->pipeline.schedule.chunks));
   char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(root);
   return s;

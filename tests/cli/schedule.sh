@@ -92,5 +92,21 @@ expect "chunks do not divide" "interleaving 3 chunks on 2 stages needs layers di
   "schedule = zt.schedule.interleaved{chunks = 3}"
 expect "too few micro-batches" "schedule interleaved needs the micro-batches per step to be a multiple of pp = 2 (at least 2); this run has 3" -- s.lua -e \
   "schedule = zt.schedule.interleaved{chunks = 2}; train.global_batch = 3"
+# the default partition balances compute: a head worth ~2.6 blocks (vocab
+# 2048, dim 64) leaves the last of 2 stages 3 of 8 blocks; a light head an
+# even split; spare blocks go to the middle stages (the first holds the
+# embedding); a 24-layer llama with a 32k vocab gives its last stage 4
+part() { # WHAT WANT MODEL PP
+  "$Z" schedule s.lua -e "model = $3; parallel = {pp = $4}" > out.txt 2> err.txt
+  if grep -qF -- "partition: $2" out.txt; then ok; else bad "$1: $(grep partition out.txt) $(cat err.txt)"; fi
+}
+part "heavy head" "stage 0 blocks 0-4, stage 1 blocks 5-7" \
+  "zt.gpt{vocab = 2048, seq = 16, dim = 64, layers = 8, heads = 4}" 2
+part "light head" "stage 0 blocks 0-3, stage 1 blocks 4-7" \
+  "zt.gpt{vocab = 256, seq = 16, dim = 64, layers = 8, heads = 4}" 2
+part "spare blocks" "stage 0 blocks 0-1, stage 1 blocks 2-4, stage 2 blocks 5-7, stage 3 blocks 8-9" \
+  "zt.gpt{vocab = 256, seq = 16, dim = 64, layers = 10, heads = 4}" 4
+part "llama 32k" "stage 0 blocks 0-5, stage 1 blocks 6-12, stage 2 blocks 13-19, stage 3 blocks 20-23" \
+  "zt.llama{vocab = 32000, seq = 512, dim = 1024, layers = 24, heads = 16}" 4
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -7,8 +7,8 @@ RUN_DIR holds m.jsonl (rank 0's metrics) and final.h5. Rank 0 is the first
 stage's rank (dp 0, tp 0). Its Ψ is computed here from the logical shapes
 and Megatron's sharding rules (tests/ref/grid_check.py), over the tensors of
 the first stage only: the embedding and the blocks of virtual stages
-c·pp (c < CHUNKS), the blocks split evenly (the balanced partition when
-pp·CHUNKS divides the layers). Per step, the bytes rank 0 moved on its dp
+c·pp (c < CHUNKS), as the plan stored in the checkpoint lists them
+(parallel.stages). Per step, the bytes rank 0 moved on its dp
 group must equal the formulas of docs/parallelism.md with that Ψ and a = the
 micro-batches per step (zero 0, 1: 2Ψ(dp−1)/dp · 4; zero 2: (a+1)Ψ(dp−1)/dp
 · 4; zero 3: 3aΨ(dp−1)/dp · 4), and its model-state bytes the state formula,
@@ -30,11 +30,11 @@ def main() -> int:
     ck = ztorch.read_checkpoint(run + "/final.h5")
     m, train = ck.plan["model"], ck.plan["train"]
     L, V = m["layers"], pp * chunks
-    if L % V:
-        print(f"pp_check: {L} layers do not split evenly over {V} virtual stages")
+    stages = ck.plan["parallel"]["stages"]
+    if len(stages) != V:
+        print(f"pp_check: the plan lists {len(stages)} stages, pp * chunks = {V}")
         return 2
-    per = L // V
-    first = {0} | {1 + v * per + i for v in range(0, V, pp) for i in range(per)}
+    first = {0} | {1 + b for v in range(0, V, pp) for b in range(stages[v][0], stages[v][1] + 1)}
     psi = sum(local_count(n, t.size, tp, m["kv_heads"]) for n, t in ck.model.items()
               if unit_of(n, L) in first)
     a = train["global_batch"] // (train["micro_batch"] * dp)
