@@ -162,12 +162,10 @@ static void post_ahead(zt_pipe *p, const zt_action *list, int n, int *next) {
     }
 }
 
-/* Waits for action i's receive (idle time) and copies it to dst. */
+/* Waits for action i's receive and copies it to dst. */
 static void take_recv(zt_pipe *p, int i, float *dst) {
   int k = p->recv_of[i];
-  double t0 = zt_timer_now();
   zt_comm_wait_idle(&p->rreq[k]);
-  p->st.idle += zt_timer_now() - t0;
   p->m->be->copy(dst, p->rbuf[k], p->msg);
   p->rbusy[k] = 0;
 }

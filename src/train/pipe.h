@@ -8,7 +8,7 @@
  * action there. Receives are posted ahead, up to a window of actions, so
  * that a transfer lands while the stage computes; sends never block (a
  * send buffer is kept until its transfer is done). Time spent in actions
- * is busy, time waiting for inputs idle: the measured bubble. */
+ * is busy, the rest of the stage's window idle: the measured bubble. */
 #ifndef ZT_PIPE_H
 #define ZT_PIPE_H
 
@@ -31,7 +31,7 @@ typedef struct zt_pipe_send {
 } zt_pipe_send;
 
 typedef struct zt_pipe_stats {
-  double busy, idle, window; /* seconds: in actions, waiting for inputs, first start to end */
+  double busy, window;       /* seconds: in actions, first start to end (the rest is idle) */
   double cost[3];            /* summed time of F, B, W actions */
   int count[3];
 } zt_pipe_stats;
