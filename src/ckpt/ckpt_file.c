@@ -8,8 +8,6 @@
 
 #include <errno.h>
 #include <hdf5.h>
-#include <jansson.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,7 +293,7 @@ static herr_t collect(hid_t g, const char *name, const H5L_info_t *info, void *c
   return 0;
 }
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *d) {
+void zt_ckpt_shape_str(char *buf, size_t n, int ndim, const int64_t *d) {
   int k = snprintf(buf, n, "[");
   for (int i = 0; i < ndim && k > 0 && (size_t)k < n; i++)
     k += snprintf(buf + k, n - (size_t)k, i ? ", %lld" : "%lld", (long long)d[i]);
@@ -380,7 +378,7 @@ static int describe(hid_t g, const char *gpath, const char *file, zt_ckpt_tensor
      * written (or claims a shape the file does not back) */
     hsize_t have = H5Dget_storage_size(ds), need = (hsize_t)t->numel * (hsize_t)esize;
     char s[96];
-    shape_str(s, sizeof s, nd, t->shape);
+    zt_ckpt_shape_str(s, sizeof s, nd, t->shape);
     if (have < need)
       BAD("%s: tensor %s/%s has %llu bytes stored, its shape %s needs %llu (damaged or never "
           "written)", file, gpath, t->name, (unsigned long long)have, s,
@@ -388,8 +386,8 @@ static int describe(hid_t g, const char *gpath, const char *file, zt_ckpt_tensor
   }
   int present = 0;
   if (!rc) {
-    char what[ZT_NAME_MAX + 64];
-    snprintf(what, sizeof what, "tensor %s/%s", gpath, t->name);
+    char what[4400]; /* messages name the file, as every other refusal does */
+    snprintf(what, sizeof what, "%s: tensor %s/%s", file, gpath, t->name);
     rc = read_int_attr(ds, "checksum", what, 1, &t->checksum, &present, e);
     t->has_checksum = present;
   }
@@ -448,6 +446,7 @@ static int list_tensors(zt_ckpt_file *cf, zt_err *e) {
   int rc = open_group(cf, cf->h5, "model", "/model", &model, e);
   if (!rc && model < 0)
     rc = zt_err_set(e, ZT_EINPUT, "%s: no /model group: not a complete checkpoint", cf->path);
+  cf->present[ZT_CKPT_MODEL] = model >= 0;
   if (!rc) rc = list_group(cf, model, ZT_CKPT_MODEL, e);
   if (model >= 0) H5Gclose(model);
   if (!rc) rc = open_group(cf, cf->h5, "optim", "/optim", &optim, e);
@@ -456,6 +455,7 @@ static int list_tensors(zt_ckpt_file *cf, zt_err *e) {
   for (int i = 0; i < 3 && optim >= 0 && !rc; i++) {
     zt_ckpt_group which = (zt_ckpt_group)(ZT_CKPT_EXP_AVG + i);
     rc = open_group(cf, optim, subs[i], zt_ckpt_group_path[which], &sub, e);
+    cf->present[which] = sub >= 0;
     if (!rc && sub < 0 && which != ZT_CKPT_MASTER) /* master is new in version 2 */
       rc = zt_err_set(e, ZT_EINPUT, "%s: /optim has no %s group: incomplete optimizer state",
                       cf->path, zt_ckpt_group_path[which]);
@@ -630,134 +630,22 @@ int zt_ckpt_file_each_block(const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
   return rc;
 }
 
-static int add_checksum(void *ctx, const zt_ckpt_tensor *t, const int64_t *start,
-                        const int64_t *count, const float *x, int64_t n) {
-  (void)n;
-  *(uint64_t *)ctx += zt_ckpt_file_box_checksum(t, start, count, x);
+void zt_ckpt_tally_box(zt_ckpt_tally *ty, const zt_ckpt_tensor *t, const int64_t *start,
+                       const int64_t *count, const float *x, int64_t n) {
+  ty->sum += zt_ckpt_file_box_checksum(t, start, count, x);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+  ty->nonfinite += bad;
+}
+
+static int add_tally(void *ctx, const zt_ckpt_tensor *t, const int64_t *start,
+                     const int64_t *count, const float *x, int64_t n) {
+  zt_ckpt_tally_box(ctx, t, start, count, x, n);
   return 0;
 }
 
-int zt_ckpt_file_tensor_checksum(const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
-                                 uint64_t *sum, zt_err *e) {
-  *sum = 0;
-  return zt_ckpt_file_each_block(cf, t, add_checksum, sum, e);
-}
-
-/* ---- the record ------------------------------------------------------- */
-
-/* An integer member of a JSON object within [lo, hi]. */
-static int json_int(json_t *o, const char *key, long long lo, long long hi, int *v,
-                    const char *where, zt_err *e) {
-  json_t *j = json_object_get(o, key);
-  if (!json_is_integer(j) || json_integer_value(j) < lo || json_integer_value(j) > hi)
-    return zt_err_set(e, ZT_EINPUT, "%s: %s is missing or not an integer in %lld..%lld", where,
-                      key, lo, hi);
-  *v = (int)json_integer_value(j);
-  return ZT_OK;
-}
-
-static json_t *parse_json(const char *text, const char *what, const char *path, zt_err *e) {
-  json_error_t je;
-  json_t *root = text ? json_loads(text, 0, &je) : NULL;
-  if (!json_is_object(root)) {
-    if (text)
-      zt_err_set(e, ZT_EINPUT, "%s: the %s attribute is not a JSON object", path, what);
-    else
-      zt_err_set(e, ZT_EINPUT, "%s has no %s attribute", path, what);
-    json_decref(root);
-    return NULL;
-  }
-  return root;
-}
-
-int zt_ckpt_file_model_cfg(const zt_ckpt_file *cf, zt_model_cfg *cfg, zt_err *e) {
-  json_t *root = parse_json(cf->plan, "plan", cf->path, e);
-  if (!root) return e->code;
-  json_t *m = json_object_get(root, "model");
-  char where[4200];
-  snprintf(where, sizeof where, "%s: the plan's model", cf->path);
-  memset(cfg, 0, sizeof *cfg);
-  const char *kind = json_string_value(json_object_get(m, "kind"));
-  int rc = ZT_OK;
-  if (!json_is_object(m))
-    rc = zt_err_set(e, ZT_EINPUT, "%s: the plan has no model section", cf->path);
-  else if (!kind || (strcmp(kind, "gpt") && strcmp(kind, "llama")))
-    rc = zt_err_set(e, ZT_EINPUT, "%s: the plan's model kind is neither \"gpt\" nor \"llama\"",
-                    cf->path);
-  else
-    cfg->arch = !strcmp(kind, "gpt") ? ZT_ARCH_GPT : ZT_ARCH_LLAMA;
-  /* bounds far above any model, low enough that the layout's table stays
-   * small and its int arithmetic (3 * dim, ...) cannot overflow */
-  struct { const char *k; int *v; long long hi; } ints[] = {
-      {"vocab", &cfg->vocab, 1 << 26}, {"seq", &cfg->seq, 1 << 26},
-      {"dim", &cfg->dim, 1 << 20},     {"layers", &cfg->layers, 100000},
-      {"heads", &cfg->heads, 1 << 16}, {"kv_heads", &cfg->kv_heads, 1 << 16},
-      {"ffn_dim", &cfg->ffn_dim, 1 << 24}};
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !rc; i++)
-    rc = json_int(m, ints[i].k, 1, ints[i].hi, ints[i].v, where, e);
-  json_t *eps = json_object_get(m, "norm_eps"), *theta = json_object_get(m, "rope_theta"),
-         *tied = json_object_get(m, "tied");
-  if (!rc && (!json_is_number(eps) || !isfinite(json_number_value(eps)) ||
-              !json_is_number(theta) || !isfinite(json_number_value(theta)) ||
-              !json_is_boolean(tied)))
-    rc = zt_err_set(e, ZT_EINPUT, "%s: norm_eps, rope_theta (numbers) or tied (boolean) "
-                    "missing or malformed", where);
-  if (!rc) {
-    cfg->norm_eps = (float)json_number_value(eps);
-    cfg->rope_theta = (float)json_number_value(theta);
-    cfg->tied = json_is_true(tied);
-  }
-  json_decref(root);
-  return rc;
-}
-
-int zt_ckpt_file_topology(const zt_ckpt_file *cf, zt_ckpt_topology *t, zt_err *e) {
-  memset(t, 0, sizeof *t);
-  t->from_plan = !cf->topology;
-  json_t *root = parse_json(t->from_plan ? cf->plan : cf->topology,
-                            t->from_plan ? "plan" : "topology", cf->path, e);
-  if (!root) return e->code;
-  json_t *o = t->from_plan ? json_object_get(root, "parallel") : root;
-  char where[4200];
-  snprintf(where, sizeof where, "%s: %s", cf->path,
-           t->from_plan ? "the plan's parallel section" : "the topology attribute");
-  int rc = json_is_object(o) ? ZT_OK : zt_err_set(e, ZT_EINPUT, "%s is missing", where);
-  if (!rc) rc = json_int(o, "dp", 1, 1 << 24, &t->dp, where, e);
-  if (!rc) rc = json_int(o, "tp", 1, 1 << 24, &t->tp, where, e);
-  if (!rc) rc = json_int(o, "pp", 1, 1 << 24, &t->pp, where, e);
-  if (!rc) rc = json_int(o, "zero", 0, 3, &t->zero, where, e);
-  if (!rc && !t->from_plan) rc = json_int(o, "world", 1, INT_MAX, &t->world, where, e);
-  if (!rc && t->from_plan) {
-    long long w = (long long)t->dp * t->tp * t->pp;
-    if (w > INT_MAX) rc = zt_err_set(e, ZT_EINPUT, "%s: dp*tp*pp out of range", where);
-    t->world = (int)w;
-  }
-  json_decref(root);
-  return rc;
-}
-
-int zt_ckpt_file_check_model(const zt_ckpt_file *cf, zt_ckpt_group g, const zt_model *m,
-                             zt_err *e) {
-  const char *gpath = zt_ckpt_group_path[g];
-  for (int i = 0; i < m->n_params; i++) {
-    const zt_tensor_desc *p = &m->params[i].t;
-    const zt_ckpt_tensor *t = zt_ckpt_file_find(cf, g, p->name);
-    if (!t)
-      return zt_err_set(e, ZT_EINPUT, "%s: tensor %s/%s is missing (from another model?)",
-                        cf->path, gpath, p->name);
-    int same = t->ndim == p->ndim;
-    for (int d = 0; d < p->ndim && same; d++) same = t->shape[d] == p->shape[d];
-    if (!same) {
-      char have[96], want[96];
-      shape_str(have, sizeof have, t->ndim, t->shape);
-      shape_str(want, sizeof want, p->ndim, p->shape);
-      return zt_err_set(e, ZT_EINPUT, "%s: tensor %s/%s has shape %s, the model expects %s",
-                        cf->path, gpath, p->name, have, want);
-    }
-  }
-  for (int i = 0; i < cf->n[g]; i++)
-    if (zt_model_find(m, cf->tensors[g][i].name) < 0)
-      return zt_err_set(e, ZT_EINPUT, "%s: %s/%s is not a tensor of the plan's model (from "
-                        "another model?)", cf->path, gpath, cf->tensors[g][i].name);
-  return ZT_OK;
+int zt_ckpt_file_tensor_tally(const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
+                              zt_ckpt_tally *ty, zt_err *e) {
+  *ty = (zt_ckpt_tally){0};
+  return zt_ckpt_file_each_block(cf, t, add_tally, ty, e);
 }

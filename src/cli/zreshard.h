@@ -1,8 +1,10 @@
-/* zreshard (internal): what zreshard.c (arguments, info, verify, export)
- * and zreshard_convert.c (convert) share. */
+/* zreshard (internal): what zreshard.c (arguments, info, verify, the
+ * checks every command shares), zreshard_export.c (export) and
+ * zreshard_convert.c (convert) share. */
 #ifndef ZT_ZRESHARD_H
 #define ZT_ZRESHARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "src/ckpt/ckpt_file.h"
@@ -11,7 +13,10 @@
 
 typedef struct args {
   const char *cmd, *ckpt, *out, *format;
-  int verify, weights_only, bf16;
+  int verify; /* info: read the data (0: --no-verify, list only) */
+  int force;  /* accept tensors that do not verify, with a warning each
+                 (--force; export and convert also take --no-verify) */
+  int weights_only, bf16;
   int tp, pp, dp, zero; /* -1: the source's */
 } args;
 
@@ -20,19 +25,43 @@ typedef struct args {
  * ZRESHARD_CHUNK_BYTES (a test hook) sets it lower. */
 extern int64_t zt_zreshard_chunk_max_bytes;
 
-/* The model table of the plan at tp = 1 when the file's /model is exactly
- * that model (1), else 0. */
-int zt_zreshard_plan_layout(const zt_ckpt_file *cf, zt_model *m, zt_model_cfg *cfg);
+/* Opens a checkpoint and checks its record (zt_ckpt_file_check_record):
+ * every command starts here, so all refuse the same files with the same
+ * message (ZT_EINPUT). On failure nothing is left open. */
+int zt_zreshard_open(const char *path, zt_ckpt_file *cf, zt_ckpt_record *rec, zt_err *e);
+void zt_zreshard_close(zt_ckpt_file *cf, zt_ckpt_record *rec);
 
-/* Group g's tensors (links left out) in the model's order when m is given
- * and matches, else in the file's; returns how many (-1: out of memory). */
+/* Group g's tensors (links to /model left out) in the model's order;
+ * returns how many (-1: out of memory). The record check made the group
+ * hold exactly the model's tensors. */
 int zt_zreshard_group_order(const zt_ckpt_file *cf, zt_ckpt_group g, const zt_model *m,
                             const zt_ckpt_tensor ***out);
+
+/* Why tensor t, whose values gave the tally ty, does not verify: the
+ * ZR_* reasons that apply (0: it verifies), and in why a phrase for
+ * "tensor NAME ..." ("" when it verifies). */
+enum { ZR_NO_SUM = 1, ZR_MISMATCH = 2, ZR_NONFINITE = 4 };
+int zt_zreshard_verdict(const zt_ckpt_tensor *t, const zt_ckpt_tally *ty, char *why, size_t n);
+
+/* Before export or convert reads groups 0..ngroups-1: tensors without a
+ * checksum (all of a version 1 file) cannot be verified: ZT_EINPUT, or
+ * with a->force one warning and ZT_OK. */
+int zt_zreshard_need_checksums(const args *a, const zt_ckpt_file *cf, int ngroups, zt_err *e);
+
+/* After export or convert read tensor t with tally ty: ZT_EINPUT naming
+ * what fails, or with a->force a warning and ZT_OK. */
+int zt_zreshard_accept(const args *a, const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
+                       const zt_ckpt_tally *ty, zt_err *e);
+
+/* "zreshard CMD: warning: ..." on stderr. */
+void zt_zreshard_warn(const args *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* PATH.tmp.PID, to write before renaming (caller frees). */
 char *zt_zreshard_temp_name(const char *path);
 
-/* zreshard convert. */
+/* zreshard export and convert. */
+int zt_zreshard_export(const args *a, zt_err *e);
 int zt_zreshard_convert(const args *a, zt_err *e);
 
 #endif

@@ -1,8 +1,10 @@
 /* zreshard_convert: `zreshard convert`, a copy of a checkpoint laid out for
- * another topology: the model is checked against the target layout, every
- * tensor is stored in chunks that tile the target's TP shards (so a loader
- * of one shard reads whole chunks), checksums are verified on the way in
- * and recomputed for what is written. */
+ * another topology: the source's record is checked (zt_zreshard_open) and
+ * its model against the target layout, every tensor is stored in chunks
+ * that tile the target's TP shards (so a loader of one shard reads whole
+ * chunks), checksums and finiteness are verified on the way in (a tensor
+ * that fails stops the copy unless --force) and checksums recomputed for
+ * what is written. */
 #include <errno.h>
 #include <hdf5.h>
 #include <jansson.h>
@@ -62,18 +64,19 @@ static int write_script(hid_t f, const char *text) {
 }
 
 typedef struct {
+  const args *a;
   const zt_ckpt_file *cf;
   hid_t f, ftype, mtype; /* output file; element type in it and in memory */
-  int bf16, verify;
+  int bf16;
   float *buf;     /* one chunk */
   uint16_t *half; /* one chunk in bf16 */
 } converter;
 
 /* Copies tensor src (logical shape of p) into group g of the output,
- * chunked as the target cuts p, checking the source's checksum on the way
- * and storing the checksum of what was written. */
+ * chunked as the target cuts p, verifying the source on the way and
+ * storing the checksum of what was written. */
 static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_tensor_desc *p,
-                          hid_t g, const char *gpath, zt_err *e) {
+                          hid_t g, zt_err *e) {
   int nd = p->ndim, esize = cv->bf16 ? 2 : 4;
   int64_t c[ZT_MAX_DIMS], start[ZT_MAX_DIMS] = {0}, count[ZT_MAX_DIMS];
   hsize_t dims[ZT_MAX_DIMS], hc[ZT_MAX_DIMS], hs[ZT_MAX_DIMS], hn[ZT_MAX_DIMS];
@@ -89,7 +92,8 @@ static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_ten
             H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0;
   hid_t ds = bad ? -1 : H5Dcreate2(g, p->name, cv->ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
   bad = bad || ds < 0;
-  uint64_t in_sum = 0, out_sum = 0;
+  zt_ckpt_tally in = {0};
+  uint64_t out_sum = 0;
   int rc = ZT_OK;
   while (!bad && !rc) {
     int64_t n = 1;
@@ -101,7 +105,7 @@ static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_ten
     }
     rc = zt_ckpt_file_read(cv->cf, src, start, count, cv->buf, e);
     if (rc) break;
-    in_sum += zt_ckpt_file_box_checksum(src, start, count, cv->buf);
+    zt_ckpt_tally_box(&in, src, start, count, cv->buf, n);
     if (cv->bf16) { /* the checksum is of the values stored: rounded */
       for (int64_t i = 0; i < n; i++) {
         cv->half[i] = zt_bf16_from_f32(cv->buf[i]);
@@ -119,17 +123,15 @@ static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_ten
     while (d >= 0 && (start[d] += c[d]) >= p->shape[d]) start[d--] = 0;
     if (d < 0) break;
   }
-  if (!cv->bf16) out_sum = in_sum;
-  if (!rc && !bad && cv->verify && src->has_checksum && in_sum != src->checksum)
-    rc = zt_err_set(e, ZT_EINPUT, "%s: tensor %s/%s fails its checksum (stored %016llx, data "
-                    "gives %016llx): the checkpoint is corrupt; nothing written", cv->cf->path,
-                    gpath + 1, src->name, (unsigned long long)src->checksum,
-                    (unsigned long long)in_sum);
+  if (!cv->bf16) out_sum = in.sum;
+  if (!rc && !bad) rc = zt_zreshard_accept(cv->a, cv->cf, src, &in, e);
   if (!rc && !bad) bad = zt_h5_write_scalar_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &out_sum);
   if (ds >= 0 && H5Dclose(ds) < 0) bad = 1;
   if (dcpl >= 0) H5Pclose(dcpl);
   if (space >= 0) H5Sclose(space);
-  if (!rc && bad) rc = zt_err_set(e, ZT_ERUNTIME, "writing tensor %s/%s failed", gpath, p->name);
+  if (!rc && bad)
+    rc = zt_err_set(e, ZT_ERUNTIME, "writing tensor %s/%s failed", zt_ckpt_group_path[src->group],
+                    p->name);
   return rc;
 }
 
@@ -156,34 +158,29 @@ static char *target_topology(const zt_ckpt_file *cf, const zt_ckpt_topology *t) 
 
 /* What the target layout is, checked against the model: the model's own
  * rules (zt_model_layout runs zt_model_cfg_check and zt_model_tp_check)
- * and a block per pipeline stage at least. */
-static int convert_target(const args *a, const zt_ckpt_file *cf, zt_model_cfg *cfg, zt_model *m,
+ * and a block per pipeline stage at least. The source's names and shapes
+ * were checked with its record. */
+static int convert_target(const args *a, const zt_ckpt_record *rec, zt_model *m,
                           zt_ckpt_topology *t, zt_err *e) {
-  zt_ckpt_topology src = {0};
-  zt_err te = {0};
-  int have_src = !zt_ckpt_file_topology(cf, &src, &te);
-  if (!have_src && (a->tp < 0 || a->pp < 0 || a->dp < 0 || a->zero < 0))
-    return zt_err_set(e, ZT_EINPUT, "%s; give all of --tp, --pp, --dp and --zero", te.msg);
-  t->tp = a->tp >= 0 ? a->tp : src.tp;
-  t->pp = a->pp >= 0 ? a->pp : src.pp;
-  t->dp = a->dp >= 0 ? a->dp : src.dp;
-  t->zero = a->zero >= 0 ? a->zero : src.zero;
+  const zt_ckpt_topology *src = &rec->topo;
+  if (!rec->have_topo && (a->tp < 0 || a->pp < 0 || a->dp < 0 || a->zero < 0))
+    return zt_err_set(e, ZT_EINPUT, "%s records no topology; give all of --tp, --pp, --dp and "
+                      "--zero", a->ckpt);
+  t->tp = a->tp >= 0 ? a->tp : src->tp;
+  t->pp = a->pp >= 0 ? a->pp : src->pp;
+  t->dp = a->dp >= 0 ? a->dp : src->dp;
+  t->zero = a->zero >= 0 ? a->zero : src->zero;
   t->from_plan = 0;
   long long world = (long long)t->dp * t->tp * t->pp;
   if (world > (1 << 24))
     return zt_err_set(e, ZT_EINPUT, "dp %d x tp %d x pp %d = %lld ranks is more than any run",
                       t->dp, t->tp, t->pp, world);
   t->world = (int)world;
-  int rc = zt_ckpt_file_model_cfg(cf, cfg, e);
-  if (rc) return rc;
-  rc = zt_model_layout(m, cfg, t->tp, 0, e);
+  int rc = zt_model_layout(m, &rec->cfg, t->tp, 0, e);
   if (rc) return rc; /* nothing allocated yet when the checks fail */
-  if (t->pp > cfg->layers)
+  if (t->pp > rec->cfg.layers)
     rc = zt_err_set(e, ZT_EINPUT, "pp = %d exceeds the model's %d layers: each pipeline stage "
-                    "needs a block; use pp <= %d", t->pp, cfg->layers, cfg->layers);
-  for (int g = 0; g <= ZT_CKPT_EXP_AVG_SQ && !rc; g++)
-    if (g == ZT_CKPT_MODEL || (cf->has_optim && !a->weights_only))
-      rc = zt_ckpt_file_check_model(cf, (zt_ckpt_group)g, m, e);
+                    "needs a block; use pp <= %d", t->pp, rec->cfg.layers, rec->cfg.layers);
   if (rc) zt_model_free(m);
   return rc;
 }
@@ -199,16 +196,16 @@ static int create_groups(hid_t f, int optim) {
 
 int zt_zreshard_convert(const args *a, zt_err *e) {
   zt_ckpt_file cf;
+  zt_ckpt_record rec;
   zt_model m;
-  zt_model_cfg cfg;
   zt_ckpt_topology t = {0};
   int rc = zt_fs_check_writable("-o", a->out, e);
-  if (!rc) rc = zt_ckpt_file_open(&cf, a->ckpt, e);
-  else memset(&cf, 0, sizeof cf), cf.h5 = -1;
-  int have_m = 0;
-  if (!rc) rc = convert_target(a, &cf, &cfg, &m, &t, e);
-  have_m = !rc;
+  if (!rc) rc = zt_zreshard_open(a->ckpt, &cf, &rec, e);
+  if (rc) return rc;
+  rc = convert_target(a, &rec, &m, &t, e);
+  int have_m = !rc;
   int optim = cf.has_optim && !a->weights_only;
+  if (!rc) rc = zt_zreshard_need_checksums(a, &cf, optim ? 3 : 1, e);
   char *topo = rc ? NULL : target_topology(&cf, &t);
   if (!rc && !topo) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   /* buffers for the largest chunk of any tensor */
@@ -219,8 +216,7 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
     for (int d = 0; d < m.params[i].t.ndim; d++) n *= c[d];
     if (n > most) most = n;
   }
-  converter cv = {.cf = &cf, .f = -1, .ftype = -1, .mtype = -1, .bf16 = a->bf16,
-                  .verify = a->verify};
+  converter cv = {.a = a, .cf = &cf, .f = -1, .ftype = -1, .mtype = -1, .bf16 = a->bf16};
   char *tmp = rc ? NULL : zt_zreshard_temp_name(a->out);
   if (!rc) {
     cv.buf = malloc((size_t)most * sizeof *cv.buf);
@@ -231,10 +227,8 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
       rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   }
   if (!rc) {
-    /* HDF5's default (oldest) file format, as ztrain writes: the newer
-     * one's metadata checksums would catch damaged metadata, but HDF5
-     * 1.10's readers of its dense link storage free garbage on exactly
-     * that error path (found by fuzzing), so they buy nothing today */
+    /* HDF5 1.10's file format, as ztrain writes: its metadata carries
+     * checksums, so a later reader refuses damaged metadata */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     zt_h5_checked_metadata(fapl);
     cv.f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
@@ -258,7 +252,7 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
     if (grp < 0) rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed", tmp);
     for (int i = 0; i < m.n_params && !rc; i++) {
       const zt_tensor_desc *p = &m.params[i].t;
-      rc = convert_tensor(&cv, zt_ckpt_file_find(&cf, (zt_ckpt_group)g, p->name), p, grp, gpath, e);
+      rc = convert_tensor(&cv, zt_ckpt_file_find(&cf, (zt_ckpt_group)g, p->name), p, grp, e);
       written += !rc;
     }
     if (grp >= 0) H5Gclose(grp);
@@ -288,7 +282,7 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
   free(tmp);
   free(topo);
   if (have_m) zt_model_free(&m);
-  zt_ckpt_file_close(&cf);
+  zt_zreshard_close(&cf, &rec);
   return rc;
 }
 
