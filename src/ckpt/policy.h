@@ -20,8 +20,13 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_
 
 /* Collective. Loads the newest checkpoint of dir that loads cleanly (the
  * one `latest` names first, then the others newest first); *used gets its
- * path, empty when dir holds none (a fresh start). Rank 0 prints a warning
- * for each checkpoint it had to skip. */
+ * path, empty when dir holds none (a fresh start). Skipped, each with a
+ * warning from rank 0 naming what it is and where it points: a file that
+ * does not load, a `latest` holding a path instead of a bare file name, a
+ * step file resolving outside dir (a link to another run's file), one
+ * whose name is not step_N.h5, and one whose recorded step differs from
+ * its name or that holds no step (no optimizer state). When all are
+ * skipped: ZT_EINPUT. */
 int zt_ckpt_dir_resume(const char *dir, const zt_ckpt_state *s, char *used, size_t n,
                        zt_err *e);
 
