@@ -115,9 +115,10 @@ typedef struct zt_backend {
   /* sum of squares, accumulated in double */
   double (*sumsq)(const float *x, size_t n);
   /* AdamW on n elements: p = p*decay; m = b1*m + c1*g; v = b2*v + c2*g^2;
-   * p -= step * m / (sqrt(v)/bc2_sqrt + eps). */
-  void (*adamw)(float *p, const float *g, float *m, float *v, size_t n,
-                const struct zt_adamw_args *a);
+   * p -= step * m / (sqrt(v)/bc2_sqrt + eps). Returns how many of the new
+   * p are not finite (counted in the same pass). */
+  size_t (*adamw)(float *p, const float *g, float *m, float *v, size_t n,
+                  const struct zt_adamw_args *a);
 } zt_backend;
 
 /* The CPU backend (BLAS + OpenMP). Always available. */

@@ -50,8 +50,8 @@
   void P##add(real *y, const real *x, size_t n);                               \
   void P##scale(real *x, real s, size_t n);                                    \
   double P##sumsq(const real *x, size_t n);                                    \
-  void P##adamw(real *p, const real *g, real *m, real *v, size_t n,           \
-                const zt_adamw_args *a);
+  size_t P##adamw(real *p, const real *g, real *m, real *v, size_t n,         \
+                  const zt_adamw_args *a);
 
 ZT_CPU_OPS_DECLARE(float, zt_cpu_f32_)
 ZT_CPU_OPS_DECLARE(double, zt_cpu_f64_)
