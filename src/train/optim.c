@@ -46,7 +46,7 @@ double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
 }
 
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
-                       const zt_optim_range *r, int64_t t) {
+                       const zt_optim_range *r, int64_t t, int *first_bad) {
   double lr = zt_lr_at(&c->lr, t - 1);
   zt_adamw_args args = {
       .b1 = (float)c->beta1, .c1 = (float)(1 - c->beta1),
@@ -54,9 +54,45 @@ double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
       .eps = (float)c->eps,
       .step = (float)(lr / (1 - pow(c->beta1, (double)t))),
       .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)t))};
+  *first_bad = -1;
   FOR_EACH_PIECE(m, r, tensor, a, n, {
     args.decay = (float)(1 - lr * (tensor->ndim >= 2 ? c->weight_decay : 0));
-    m->be->adamw(r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args);
+    if (m->be->adamw(r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args) &&
+        *first_bad < 0)
+      *first_bad = i_;
   })
   return lr;
+}
+
+/* sumsq of a piece is finite exactly when its elements are: a float
+ * squared is below 1.2e77, so no sum of them overflows a double. */
+int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r) {
+  int np = m->n_params;
+  FOR_EACH_PIECE(m, r, t, a, n, {
+    (void)t;
+    if (!isfinite(m->be->sumsq(r->w + a, (size_t)n))) return i_;
+  })
+  FOR_EACH_PIECE(m, r, t, a, n, {
+    (void)t;
+    if (!isfinite(m->be->sumsq(r->g + a, (size_t)n))) return np + i_;
+  })
+  return 2 * np;
+}
+
+int zt_optim_test_poison(const zt_model *m, const zt_optim_range *r, int count_any) {
+  int found = -1;
+  int64_t at = 0;
+  if (!count_any) return -1;
+  FOR_EACH_PIECE(m, r, t, a, n, {
+    (void)n;
+    if (zt_shard_counts_here(t, m->tp_rank, m->tp_size)) {
+      found = i_;
+      at = a;
+    }
+  })
+  if (found >= 0) {
+    float nan = NAN;
+    m->be->upload(r->g + at, &nan, sizeof nan);
+  }
+  return found;
 }

@@ -50,10 +50,23 @@ double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any)
 double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
                      const zt_optim_range *r, double global_sumsq);
 
-/* One AdamW update of the range at step `t` (1-based, after this update);
+/* One AdamW update of the range at step `t` (1-based, after this update:
+ * the count of applied updates, which skipped steps do not advance);
  * returns the LR used. Weight decay applies to tensors of two or more
- * dimensions only. */
+ * dimensions only. *first_bad: the parameter-table index of the first
+ * tensor with a weight that this update left non-finite, or -1. */
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
-                       const zt_optim_range *r, int64_t t);
+                       const zt_optim_range *r, int64_t t, int *first_bad);
+
+/* Where the range first holds a non-finite value, in parameter-table
+ * order, weights before gradients: i for a weight of tensor i,
+ * n_params + i for its gradient, 2 * n_params for none. A scan over the
+ * range that only a failing step pays for. */
+int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r);
+
+/* Test hook: sets one gradient element of the last tensor piece in the
+ * range that counts towards the norm (as zt_optim_sumsq counts) to NaN;
+ * returns that tensor's index, or -1 when the range counts none. */
+int zt_optim_test_poison(const zt_model *m, const zt_optim_range *r, int count_any);
 
 #endif

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -38,6 +39,14 @@ static void write_json(zt_report *r, json_t *obj) {
   json_decref(obj);
 }
 
+/* JSON has no NaN or infinity: such a value is written as null (jansson
+ * refuses to make a real of it, which used to leave an empty line). */
+static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* printf writes a NaN with its sign bit as "-nan"; a NaN has no sign
+ * worth reading. */
+static double readable(double x) { return isnan(x) ? fabs(x) : x; }
+
 static void fmt_eta(char *buf, size_t n, double s) {
   long t = (long)(s + 0.5);
   if (t >= 3600)
@@ -54,23 +63,24 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   double step_tok_s = (double)st->tokens / (st->ms * 1e-3);
   double mfu = r->peak_flops > 0 ? 100.0 * step_tok_s * r->flops_per_token / r->peak_flops : 0;
 
-  json_t *o = json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:{s:I, s:I}, s:I, s:I}", "step",
-                        (json_int_t)st->step, "loss", st->loss, "lr", st->lr, "grad_norm",
-                        st->grad_norm, "tokens", (json_int_t)st->tokens, "ms", st->ms,
-                        "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
+  json_t *o = json_pack("{s:I, s:o, s:o, s:o, s:I, s:o, s:{s:I, s:I}, s:I, s:I}", "step",
+                        (json_int_t)st->step, "loss", jnum(st->loss), "lr", jnum(st->lr),
+                        "grad_norm", jnum(st->grad_norm), "tokens", (json_int_t)st->tokens,
+                        "ms", jnum(st->ms), "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
                         (json_int_t)st->bytes_tp, "state_bytes",
                         (json_int_t)st->state_bytes, "buffer_bytes",
                         (json_int_t)st->buffer_bytes);
   if (o && st->pipeline)
-    json_object_set_new(o, "bubble", json_pack("{s:f, s:f}", "measured", st->bubble,
-                                               "simulated", st->bubble_sim));
+    json_object_set_new(o, "bubble", json_pack("{s:o, s:o}", "measured", jnum(st->bubble),
+                                               "simulated", jnum(st->bubble_sim)));
+  if (o && st->skipped) json_object_set_new(o, "skipped", json_true());
   write_json(r, o);
   int64_t done = st->step - r->first_step, left = r->total_steps - st->step;
   if (r->tty) {
     char eta[32];
     fmt_eta(eta, sizeof eta, done > 0 ? elapsed / (double)done * (double)left : 0);
     fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %s",
-            (long long)st->step, (long long)r->total_steps, st->loss, tok_s, eta);
+            (long long)st->step, (long long)r->total_steps, readable(st->loss), tok_s, eta);
     if (!left) fputc('\n', stderr);
     fflush(stderr);
   }
@@ -78,8 +88,8 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
     if (r->tty) fprintf(stderr, "\r\033[K");
     printf("step %lld/%lld | loss %.4f | lr %.3e | grad_norm %.4f | %.1f ms | "
            "%.0f tok/s | MFU %.1f%%",
-           (long long)st->step, (long long)r->total_steps, st->loss, st->lr,
-           st->grad_norm, st->ms, step_tok_s, mfu);
+           (long long)st->step, (long long)r->total_steps, readable(st->loss), st->lr,
+           readable(st->grad_norm), st->ms, step_tok_s, mfu);
     if (st->bytes_dp || st->bytes_tp)
       printf(" | dp %.2f MB tp %.2f MB", st->bytes_dp / 1e6, st->bytes_tp / 1e6);
     if (st->pipeline)
@@ -87,14 +97,25 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
     printf("\n");
     fflush(stdout);
   }
+  if (st->skipped) {
+    if (r->tty) fprintf(stderr, "\r\033[K");
+    fprintf(stderr, "ztrain: step %lld: loss %.6g, grad norm %.6g: update skipped (",
+            (long long)st->step, readable(st->loss), readable(st->grad_norm));
+    if (st->bad_run >= st->bad_limit)
+      fprintf(stderr, "%lld in a row: stopping)", (long long)st->bad_run);
+    else
+      fprintf(stderr, "%lld in a row, stop after %d)", (long long)st->bad_run, st->bad_limit);
+    fprintf(stderr, "; %s\n", st->nonfinite);
+    fflush(stderr);
+  }
 }
 
 void zt_report_eval(zt_report *r, int64_t step, double val_loss) {
   if (!r->active) return;
-  write_json(r, json_pack("{s:I, s:f}", "step", (json_int_t)step, "val_loss", val_loss));
+  write_json(r, json_pack("{s:I, s:o}", "step", (json_int_t)step, "val_loss", jnum(val_loss)));
   if (r->tty) fprintf(stderr, "\r\033[K");
   printf("step %lld/%lld | val_loss %.4f\n", (long long)step,
-         (long long)r->total_steps, val_loss);
+         (long long)r->total_steps, readable(val_loss));
   fflush(stdout);
 }
 

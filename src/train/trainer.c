@@ -1,6 +1,8 @@
 /* trainer: see trainer.h. */
 #include "src/train/trainer.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +143,12 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
     if (!rc) rc = tied_init(t, e);
     if (rc) return rc;
   }
+  const char *nan_at = getenv("ZT_TEST_NAN_AT_STEP"); /* test hook: STEP[:RANK] */
+  if (nan_at) {
+    char *end;
+    t->nan_step = strtoll(nan_at, &end, 10);
+    t->nan_rank = *end == ':' ? atoi(end + 1) : 0;
+  }
   rc = zt_loader_init(&t->train, train, shuffle, cfg->seed, e);
   if (!rc && val) {
     rc = zt_loader_init(&t->val, val, 0, cfg->seed, e);
@@ -235,7 +243,27 @@ static void bubbles(zt_trainer *t, zt_step_stats *st) {
   free(cost);
 }
 
-void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
+/* The first non-finite value of the step over the world, in
+ * parameter-table order, weights before gradients, described in *st; the
+ * answer is the same on every rank. */
+static void find_nonfinite(zt_trainer *t, const zt_optim_range *r, zt_step_stats *st) {
+  const zt_model *m = t->model;
+  int np = m->n_params;
+  double key = -(double)zt_optim_first_nonfinite(m, r); /* the minimum, as a maximum */
+  zt_comm_allreduce_max_f64(&t->grid->world, &key, 1);
+  int first = (int)-key;
+  if (first < np)
+    snprintf(st->nonfinite, sizeof st->nonfinite, "weights of %s are not finite",
+             m->params[first].t.name);
+  else if (first < 2 * np)
+    snprintf(st->nonfinite, sizeof st->nonfinite,
+             "the gradient of %s is the first non-finite one", m->params[first - np].t.name);
+  else
+    snprintf(st->nonfinite, sizeof st->nonfinite,
+             "every weight and gradient is finite, only the loss is not");
+}
+
+int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   zt_model *m = t->model;
   zt_grid *g = t->grid;
   const zt_train_cfg *c = &t->cfg;
@@ -253,21 +281,59 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   if (t->tied_end && !early) tied_grads(t);
   r.lo = t->zero.cfg.stage == 0 ? 0 : t->zero.lo;
   r.hi = t->zero.cfg.stage == 0 ? m->numel : t->zero.hi;
+  int count_any = t->zero.cfg.stage > 0 || g->dp_rank == 0;
+  if (t->nan_step == t->t + 1 && g->world.rank == t->nan_rank) {
+    int i = zt_optim_test_poison(m, &r, count_any);
+    fprintf(stderr, "ztrain: test hook: rank %d: step %lld: gradient of %s set to NaN\n",
+            g->world.rank, (long long)t->nan_step, i >= 0 ? m->params[i].t.name : "(none here)");
+  }
 
   /* One reduction over the world of [loss, grad sumsq], each counted once:
    * the loss by TP rank 0 of each data-parallel rank (and only the last
    * pipeline stage has one), gradients by their owner (all DP ranks hold
    * all of them at stage 0: rank 0 counts; the stages hold disjoint
    * tensors). */
-  double sums[2] = {g->tp_rank == 0 ? loss : 0,
-                    zt_optim_sumsq(m, &r, t->zero.cfg.stage > 0 || g->dp_rank == 0)};
+  double sums[2] = {g->tp_rank == 0 ? loss : 0, zt_optim_sumsq(m, &r, count_any)};
   zt_comm_allreduce_f64(&g->world, sums, 2);
+  /* Every rank holds the same sums, so every rank decides alike. A skipped
+   * step still advances t: the next step takes the next global batch. */
+  int rc = ZT_OK;
+  st->skipped = !isfinite(sums[0]) || !isfinite(sums[1]);
+  st->nonfinite[0] = 0;
+  t->t++;
   double t_opt = zt_timer_now();
-  st->grad_norm = zt_optim_clip(&c->optim, m, &r, sums[1]);
-  st->lr = zt_optim_update(&c->optim, m, &r, ++t->t);
+  if (st->skipped) {
+    t->skipped++;
+    t->bad_run++;
+    st->grad_norm = sqrt(sums[1]);
+    st->lr = zt_lr_at(&c->optim.lr, t->t - t->skipped); /* the next update's */
+    find_nonfinite(t, &r, st);
+    if (t->bad_run >= c->max_bad_steps)
+      rc = zt_err_set(e, ZT_ERUNTIME,
+                      "step %lld: %lld step%s in a row with a non-finite loss or gradient norm "
+                      "(train.max_bad_steps = %d): %s",
+                      (long long)t->t, (long long)t->bad_run, t->bad_run > 1 ? "s" : "",
+                      c->max_bad_steps, st->nonfinite);
+  } else {
+    t->bad_run = 0;
+    st->grad_norm = zt_optim_clip(&c->optim, m, &r, sums[1]);
+    int first;
+    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, &first);
+    /* Finite gradients can still make non-finite weights (a huge learning
+     * rate); they must stop the run before any checkpoint holds them. */
+    double key = -(first >= 0 ? first : m->n_params);
+    zt_comm_allreduce_max_f64(&g->world, &key, 1);
+    if ((int)-key < m->n_params)
+      rc = zt_err_set(e, ZT_ERUNTIME,
+                      "step %lld: the update made weights of %s non-finite (learning rate %g, "
+                      "gradient norm %g); stopping before they reach a checkpoint",
+                      (long long)t->t, m->params[(int)-key].t.name, st->lr, st->grad_norm);
+    zt_zero_params_sync(&t->zero);
+    t->tied_stale = 1;
+  }
   zt_trace_slice("compute", "optimizer", NULL, t_opt, zt_timer_now(), NULL, 0, NULL, 0);
-  zt_zero_params_sync(&t->zero);
-  t->tied_stale = 1;
+  st->bad_run = t->bad_run;
+  st->bad_limit = c->max_bad_steps;
 
   st->loss = sums[0] / (double)tokens;
   st->step = t->t;
@@ -280,6 +346,7 @@ void zt_trainer_step(zt_trainer *t, zt_step_stats *st) {
   double t1 = zt_timer_now();
   st->ms = 1e3 * (t1 - t0);
   zt_trace_slice("step", "step", NULL, t0, t1, "step", (long long)st->step, NULL, 0);
+  return rc;
 }
 
 double zt_trainer_eval(zt_trainer *t, int batches) {

@@ -28,6 +28,7 @@ typedef struct zt_train_cfg {
   uint64_t seed;
   int log_every, eval_every;
   double peak_gflops; /* for MFU; 0 = measure at start */
+  int max_bad_steps;  /* non-finite steps in a row that stop the run */
 } zt_train_cfg;
 
 typedef struct zt_step_stats {
@@ -41,6 +42,11 @@ typedef struct zt_step_stats {
    * measured, and simulated with this step's mean action times */
   int pipeline;
   double bubble, bubble_sim;
+  /* a step whose loss or gradient norm is not finite applies no update */
+  int skipped;
+  int64_t bad_run;     /* skipped steps in a row, this one included */
+  int bad_limit;       /* cfg.max_bad_steps */
+  char nonfinite[192]; /* skipped: where the first non-finite value is, if found */
 } zt_step_stats;
 
 typedef struct zt_trainer {
@@ -48,7 +54,12 @@ typedef struct zt_trainer {
   zt_model *model;
   zt_grid *grid;
   zt_zero zero;
-  int64_t t;        /* optimizer steps taken */
+  int64_t t;        /* steps taken: global batch t is the next one */
+  int64_t skipped;  /* of those, skipped as non-finite: AdamW's clock and
+                       the LR schedule count the t - skipped updates */
+  int64_t bad_run;  /* skipped in a row, up to the last step */
+  int64_t nan_step; /* test hook ZT_TEST_NAN_AT_STEP=STEP[:RANK] */
+  int nan_rank;
   zt_loader train, val;
   int has_val;
   int32_t *inputs, *targets; /* host, one micro-batch */
@@ -75,8 +86,13 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
                     zt_err *e);
 void zt_trainer_free(zt_trainer *t);
 
-/* One optimizer step on global batch t->t; fills *st. */
-void zt_trainer_step(zt_trainer *t, zt_step_stats *st);
+/* One step on global batch t->t; fills *st. A step whose loss or global
+ * gradient norm is not finite is skipped: no rank updates weights or
+ * moments, but t->t advances (the data position). Fails (ZT_ERUNTIME, the
+ * same on every rank) after cfg.max_bad_steps such steps in a row, and when
+ * an update leaves a weight non-finite; the message names the step and
+ * the first tensor concerned. */
+int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e);
 
 /* Mean loss per token over the first `batches` global batches of the
  * validation data (in file order). */
