@@ -1,132 +1,84 @@
 -- ztrain: the library a run script gets with `local zt = require "ztrain"`.
 -- It builds model descriptions (zt.gpt, zt.llama) and LR schedules
 -- (zt.lr.*), and checks the script's global tables (model, parallel, train,
--- data, checkpoint) before C reads them: unknown keys, wrong types and
--- missing values are reported here, with the nearest known key.
+-- data, checkpoint) before C reads them: unknown keys, wrong types, values
+-- outside what C stores them in and missing values are reported here, in
+-- the user's terms (the key, its value, what it must be), with the nearest
+-- known key. Whatever a script does to these objects, a library error never
+-- surfaces as an internal file:line.
+local K = require "ztrain_check"
+local _ENV = K.env -- the standard globals as they were before the script ran
 local M = {}
 
--- Levenshtein distance, for "did you mean" suggestions.
-local function distance(a, b)
-  local prev = {}
-  for j = 0, #b do prev[j] = j end
-  for i = 1, #a do
-    local cur = { [0] = i }
-    for j = 1, #b do
-      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-    end
-    prev = cur
-  end
-  return prev[#b]
-end
+local integer, real, boolean, str, oneof = K.integer, K.real, K.boolean, K.str, K.oneof
+local describe, INT_MAX = K.describe, K.INT_MAX
 
-local function sorted_keys(t)
-  local ks = {}
-  for k in pairs(t) do ks[#ks + 1] = k end
-  table.sort(ks)
-  return ks
-end
+-- Builder objects (a model, an LR schedule) are proxies: the checked
+-- arguments live in `state`, reads see them with their defaults and what
+-- they imply, and an assignment (`-e 'model.heads = 8'`) is checked on the
+-- spot, so a bad one is reported at the user's line.
+local state = setmetatable({}, { __mode = "k" })
 
-local function nearest(key, known)
-  local best, bestd
-  for _, k in ipairs(known) do
-    -- a shortened key ("bucket" for "bucket_bytes") counts as a near miss
-    local d = (#key >= 3 and k:sub(1, #key) == key) and 1 or distance(key, k)
-    if not bestd or d < bestd then best, bestd = k, d end
-  end
-  if best and bestd <= math.max(2, #key // 3) then return best end
-end
-
-local function unknown_key_message(where, key, spec)
-  local known = sorted_keys(spec)
-  local near = type(key) == "string" and nearest(key, known)
-  if near then
-    return string.format("%s: unknown key '%s' (did you mean '%s'?)", where, tostring(key), near)
-  end
-  return string.format("%s: unknown key '%s'; known keys: %s", where, tostring(key),
-                       table.concat(known, ", "))
-end
-
--- Value checkers: return the normalised value or nil plus what was expected.
-local function integer(min)
-  return function(v)
-    if math.type(v) == "float" and v == math.floor(v) then v = math.tointeger(v) end
-    local what = min and ("an integer >= " .. min) or "an integer"
-    if math.type(v) ~= "integer" or (min and v < min) then return nil, what end
-    return v
-  end
-end
-local function number(positive)
-  return function(v)
-    if type(v) ~= "number" then return nil, "a number" end
-    if positive and not (v > 0) then return nil, "a number > 0" end
-    return v + 0.0
-  end
-end
-local function nonneg(v)
-  if type(v) ~= "number" or v < 0 then return nil, "a number >= 0" end
-  return v + 0.0
-end
-local function boolean(v)
-  if type(v) ~= "boolean" then return nil, "true or false" end
-  return v
-end
-local function str(v)
-  if type(v) ~= "string" then return nil, "a string" end
-  return v
-end
-local function oneof(...)
-  local choices = { ... }
-  return function(v)
-    for _, c in ipairs(choices) do if v == c then return v end end
-    local quoted = {}
-    for i, c in ipairs(choices) do quoted[i] = string.format("%q", c) end
-    return nil, "one of " .. table.concat(quoted, ", ")
-  end
-end
-
-local function describe(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  return tostring(v) .. " (" .. type(v) .. ")"
-end
-
--- Checks table t against spec {key = {check, default, required}}; level is
--- the error level that points at the user's line (0 for none).
-local function check(t, spec, where, level)
-  if type(t) ~= "table" then
-    error(string.format("%s must be a table, got %s", where, type(t)), level)
-  end
-  for k in pairs(t) do
-    if spec[k] == nil then error(unknown_key_message(where, k, spec), level) end
-  end
-  local out = {}
-  for k, s in pairs(spec) do
-    local v = t[k]
-    if v == nil and s.required then
-      error(string.format("%s: missing required key '%s'", where, k), level)
-    end
-    if v == nil then v = s.default end -- defaults go through the checker too
-    if v ~= nil then
-      local ok, expected = s[1](v)
-      if ok == nil then
-        error(string.format("%s.%s must be %s, got %s", where, k, expected, describe(v)), level)
-      end
-      out[k] = ok
-    end
-  end
+-- The object's values: its arguments, defaults and derived values (a
+-- derive function may refuse a combination and return its message).
+local function resolve(p)
+  local s = state[p]
+  local out, msg = K.check(s.args, s.spec, s.where)
+  if not out then return nil, msg end
+  if s.derive then msg = s.derive(out) end
+  if msg then return nil, msg end
   return out
 end
 
-local model_mt = { __name = "ztrain.model" }
+local function object_mt(name)
+  local mt = { __name = name }
+  mt.__index = function(p, k)
+    local v = resolve(p)
+    return v and v[k]
+  end
+  mt.__newindex = function(p, k, v)
+    local s = state[p]
+    local spec = s.spec[k]
+    if spec == nil then error(K.unknown_key_message(s.where, k, s.spec), 2) end
+    local nv, msg = K.value(s.where, k, spec, v)
+    if msg then error(msg, 2) end
+    local old = s.args[k]
+    if v == nil then nv = nil end -- back to the default, which follows the other keys
+    s.args[k] = nv
+    local _, dmsg = resolve(p)
+    if dmsg then
+      s.args[k] = old
+      error(dmsg, 2)
+    end
+  end
+  mt.__pairs = function(p) return next, resolve(p) or {}, nil end
+  return mt
+end
+
+-- A new object from the user's table t; level: error() level of the
+-- user's call, counted from the builder that calls this.
+local function object(mt, where, spec, t, derive, level)
+  local args = K.checked(t, spec, where, level + 1)
+  -- keep only what the user gave: defaults and derived values follow later changes
+  for k in pairs(args) do if t[k] == nil then args[k] = nil end end
+  local p = setmetatable({}, mt)
+  state[p] = { where = where, spec = spec, args = args, derive = derive }
+  K.register(p, where, function() return args end)
+  local _, msg = resolve(p)
+  if msg then error(msg, level + 1) end
+  return p
+end
+
+local model_mt = object_mt("ztrain.model")
 
 M.schedule = require "ztrain_schedule"
 
 local common_model = {
-  vocab = { integer(1), required = true },
-  seq = { integer(1), required = true },
-  dim = { integer(1), required = true },
-  layers = { integer(1), required = true },
-  heads = { integer(1), required = true },
+  vocab = { integer(1, INT_MAX), required = true },
+  seq = { integer(1, INT_MAX), required = true },
+  dim = { integer(1, INT_MAX), required = true },
+  layers = { integer(1, INT_MAX), required = true },
+  heads = { integer(1, INT_MAX), required = true },
 }
 
 local function with(base, extra)
@@ -136,135 +88,190 @@ local function with(base, extra)
   return t
 end
 
+-- The widest rows a layer has (qkv: up to 3*dim; the MLP's first layer)
+-- are C ints in the model and the kernels.
+local function widths_fit(where, c, mlp_rows, mlp_what)
+  if 3 * c.dim > INT_MAX then
+    return string.format("%s: dim = %d is too large: the fused q, k, v rows (3*dim = %d) must fit a C int "
+                         .. "(at most %d)", where, c.dim, 3 * c.dim, INT_MAX)
+  end
+  if mlp_rows > INT_MAX then
+    return string.format("%s: %s = %d is too large: it must fit a C int (at most %d)",
+                         where, mlp_what, mlp_rows, INT_MAX)
+  end
+end
+
+local gpt_spec = with(common_model, { tied = { boolean, default = true } })
+local function gpt_derive(c)
+  c.kind, c.kv_heads, c.ffn_dim, c.norm_eps, c.rope_theta = "gpt", c.heads, 4 * c.dim, 1e-5, 0.0
+  return widths_fit("zt.gpt", c, c.ffn_dim, "the MLP width 4*dim")
+end
+
 --- GPT-2: LayerNorm, learned positions, GELU MLP of width 4*dim, biases,
 --- head tied to the token embedding unless tied = false.
 function M.gpt(t)
-  local c = check(t, with(common_model, { tied = { boolean, default = true } }), "zt.gpt", 2)
-  c.kind, c.kv_heads, c.ffn_dim, c.norm_eps, c.rope_theta = "gpt", c.heads, 4 * c.dim, 1e-5, 0.0
-  return setmetatable(c, model_mt)
+  local m = object(model_mt, "zt.gpt", gpt_spec, t, gpt_derive, 2)
+  return m
+end
+
+local llama_spec = with(common_model, {
+  kv_heads = { integer(1, INT_MAX) },
+  ffn_dim = { integer(1, INT_MAX) },
+  norm_eps = { real(0, true, true), default = 1e-5 },
+  rope_theta = { real(0, true, true), default = 10000.0 },
+})
+local function llama_derive(c)
+  c.kind, c.tied = "llama", false
+  c.kv_heads = c.kv_heads or c.heads
+  local given = c.ffn_dim
+  c.ffn_dim = c.ffn_dim or 256 * ((8 * c.dim // 3 + 255) // 256)
+  return widths_fit("zt.llama", c, 2 * c.ffn_dim,
+                    given and "2*ffn_dim (gate and up)" or "2*ffn_dim (gate and up; ffn_dim from dim)")
 end
 
 --- LLaMA: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no
 --- biases, untied head. ffn_dim defaults to LLaMA's rule: 2/3 of 4*dim,
 --- rounded up to a multiple of 256.
 function M.llama(t)
-  local c = check(t, with(common_model, {
-    kv_heads = { integer(1) },
-    ffn_dim = { integer(1) },
-    norm_eps = { number(true), default = 1e-5 },
-    rope_theta = { number(true), default = 10000.0 },
-  }), "zt.llama", 2)
-  c.kind, c.tied = "llama", false
-  c.kv_heads = c.kv_heads or c.heads
-  c.ffn_dim = c.ffn_dim or 256 * ((8 * c.dim // 3 + 255) // 256)
-  return setmetatable(c, model_mt)
+  local m = object(model_mt, "zt.llama", llama_spec, t, llama_derive, 2)
+  return m
 end
 
 M.lr = {}
-local lr_mt = { __name = "ztrain.lr" }
+local lr_mt = object_mt("ztrain.lr")
+
+local cosine_spec = {
+  peak = { real(0, true), required = true },
+  warmup = { integer(0), default = 0 },
+  final = { real(0, false), default = 0.0 },
+  decay_steps = { integer(1) },
+}
 
 --- Linear warmup to `peak` over `warmup` steps, then cosine decay to
 --- `final` at `decay_steps` (default: train.steps).
 function M.lr.cosine(t)
-  local c = check(t, {
-    peak = { number(true), required = true },
-    warmup = { integer(0), default = 0 },
-    final = { nonneg, default = 0.0 },
-    decay_steps = { integer(1) },
-  }, "zt.lr.cosine", 2)
-  c.kind = "cosine"
-  return setmetatable(c, lr_mt)
+  local s = object(lr_mt, "zt.lr.cosine", cosine_spec, t, function(c) c.kind = "cosine" end, 2)
+  return s
 end
 
 --- A constant learning rate (the same as a plain number).
 function M.lr.constant(t)
-  local c = check(t, { value = { number(true), required = true } }, "zt.lr.constant", 2)
-  c.kind = "constant"
-  return setmetatable(c, lr_mt)
+  local s = object(lr_mt, "zt.lr.constant", { value = { real(0, true), required = true } }, t,
+                   function(c) c.kind = "constant" end, 2)
+  return s
 end
 
+local positive = real(0, true)
 local function lr_value(v)
   if type(v) == "number" then
-    if not (v > 0) then return nil, "a number > 0 or zt.lr.cosine{...}" end
-    return setmetatable({ kind = "constant", value = v + 0.0 }, lr_mt)
+    if not positive(v) then return nil, "a finite number > 0 or zt.lr.cosine{...}" end
+    return { kind = "constant", value = v + 0.0 }
   end
-  if getmetatable(v) == lr_mt then return v end
+  if getmetatable(v) == lr_mt then
+    local c, msg = resolve(v)
+    if not c then return nil, nil, msg end
+    return c
+  end
   return nil, "a number or a schedule from zt.lr (zt.lr.cosine{...})"
 end
 
 local function betas(v)
-  if type(v) ~= "table" or #v ~= 2 or type(v[1]) ~= "number" or type(v[2]) ~= "number"
-      or not (v[1] >= 0 and v[1] < 1 and v[2] >= 0 and v[2] < 1) then
+  local unit = function(b) return type(b) == "number" and b >= 0 and b < 1 end -- nan fails both
+  if type(v) ~= "table" or getmetatable(v) ~= nil or rawlen(v) ~= 2 or not unit(v[1]) or not unit(v[2]) then
     return nil, "a pair {beta1, beta2} with both in [0, 1)"
+  end
+  for k in next, v do
+    if k ~= 1 and k ~= 2 then return nil, "a pair {beta1, beta2} with both in [0, 1)" end
   end
   return { v[1] + 0.0, v[2] + 0.0 }
 end
 
 local function dp_value(v)
   if v == "auto" then return v end
-  return integer(1)(v)
+  local n = integer(1, INT_MAX)(v)
+  if n == nil then return nil, "\"auto\" or an integer from 1 to " .. INT_MAX end
+  return n
 end
 
 -- parallel.zero: a stage number, or a table with the stage and its knobs
 local zero_spec = {
-  stage = { integer(0), default = 0 },
+  stage = { integer(0, 3), default = 0 },
   bucket_bytes = { integer(1), default = 25 * 2 ^ 20 // 1 },
   overlap = { boolean, default = true },
 }
 local function zero_value(v)
-  if math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v)) then
-    v = { stage = math.tointeger(v) }
+  if type(v) == "number" then
+    local stage = integer(0, 3)(v)
+    if stage == nil then
+      return nil, "a stage 0, 1, 2 or 3, or {stage = ..., bucket_bytes = ..., overlap = ...}"
+    end
+    v = { stage = stage }
   end
   if type(v) ~= "table" then return nil, "a stage 0..3 or {stage = ..., bucket_bytes = ..., overlap = ...}" end
-  local res = check(v, zero_spec, "parallel.zero", 0)
-  if res.stage > 3 then return nil, "a stage 0, 1, 2 or 3 (got " .. res.stage .. ")" end
+  local res, msg = K.check(v, zero_spec, "parallel.zero")
+  if not res then return nil, nil, msg end
   return res
+end
+
+-- parallel.stages: {first, last} block ranges, as C ints; a plain copy
+local block = integer(0, INT_MAX)
+local function stages_value(v)
+  local what = "a list of {first, last} block ranges"
+  if type(v) ~= "table" then return nil, what end
+  local out, n = {}, rawlen(v)
+  for k in next, v do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      return nil, string.format("%s (key %s is not a list index)", what, describe(k))
+    end
+  end
+  for i = 1, n do
+    local r = v[i]
+    if type(r) ~= "table" or rawlen(r) ~= 2 or not block(r[1]) or not block(r[2]) then
+      return nil, nil, string.format("parallel.stages must be %s, each two integers from 0 to %d; "
+                                     .. "entry %d is %s", what, INT_MAX, i, describe(r))
+    end
+    out[i] = { block(r[1]), block(r[2]) }
+  end
+  return out
 end
 
 local specs = {
   parallel = {
     dp = { dp_value, default = "auto" },
-    tp = { integer(1), default = 1 },
-    pp = { integer(1), default = 1 },
+    tp = { integer(1, INT_MAX), default = 1 },
+    pp = { integer(1, INT_MAX), default = 1 },
     zero = { zero_value, default = 0 },
     order = { oneof("tp-dp-pp"), default = "tp-dp-pp" },
-    timeout = { number(true), default = 1800.0 },
+    timeout = { real(0, true), default = 1800.0 },
     sequence_parallel = { boolean, default = false },
-    stages = { function(v)
-      if type(v) ~= "table" then return nil, "a list of {first, last} block ranges" end
-      for i, r in ipairs(v) do
-        if type(r) ~= "table" or math.type(r[1]) ~= "integer" or math.type(r[2]) ~= "integer" then
-          return nil, string.format("a list of {first, last} block ranges (entry %d is not)", i)
-        end
-      end
-      return v
-    end },
+    stages = { stages_value },
   },
   train = {
-    micro_batch = { integer(1), default = 1 },
-    global_batch = { integer(1) }, -- default: micro_batch * dp
+    micro_batch = { integer(1, INT_MAX), default = 1 },
+    global_batch = { integer(1, INT_MAX) }, -- default: micro_batch * dp
     steps = { integer(0), required = true },
     lr = { lr_value, default = 3e-4 },
-    weight_decay = { nonneg, default = 0.01 },
+    weight_decay = { real(0, false), default = 0.01 },
     betas = { betas, default = { 0.9, 0.999 } },
-    eps = { number(true), default = 1e-8 },
-    clip = { nonneg, default = 1.0 },
+    eps = { real(0, true), default = 1e-8 },
+    clip = { real(0, false), default = 1.0 },
     seed = { integer(0), default = 1234 },
-    log_every = { integer(0), default = 10 },
-    eval_every = { integer(0), default = 0 },
-    peak_gflops = { nonneg, default = 0.0 },
+    log_every = { integer(0, INT_MAX), default = 10 },
+    eval_every = { integer(0, INT_MAX), default = 0 },
+    peak_gflops = { real(0, false), default = 0.0 },
+    max_bad_steps = { integer(1, INT_MAX), default = 5 },
   },
   data = {
     train = { str, required = true },
     val = { str },
     dtype = { oneof("u16", "u32"), default = "u16" },
     shuffle = { boolean, default = true },
-    val_batches = { integer(1), default = 4 },
+    val_batches = { integer(1, INT_MAX), default = 4 },
   },
   checkpoint = {
     dir = { str, default = "checkpoints" },
-    every = { integer(0), default = 0 },
-    keep = { integer(1), default = 3 },
+    every = { integer(0, INT_MAX), default = 0 },
+    keep = { integer(1, INT_MAX), default = 3 },
     async = { boolean, default = false },
   },
 }
@@ -276,8 +283,9 @@ local globals = { "model", "parallel", "train", "data", "checkpoint", "schedule"
 -- about twice either, so the ratio is what matters): the block's matmuls
 -- (qkv, attention output, MLP) and attention scores and values over the
 -- sequence; the head's logits. The embedding is a lookup: no compute.
+-- In floats: the counts of a large model pass 2^63.
 local function costs(m)
-  local C, hd = m.dim, m.dim // m.heads
+  local C, hd = m.dim + 0.0, m.dim // m.heads
   local qkv = (m.heads + 2 * m.kv_heads) * hd
   local mlp = m.kind == "llama" and 3 * m.ffn_dim or 2 * m.ffn_dim
   return 2 * C * (qkv + C + mlp) + 4 * m.seq * C, 2 * C * m.vocab
@@ -288,6 +296,7 @@ end
 -- as small as it can be, and then, stage by stage from the first, each as
 -- light as that allows (the first stage holds the embedding's parameters).
 local function balanced(layers, V, head)
+  if V == 1 then return { layers } end
   local function cost(i, k) return k + (i == V and head or 0) end
   -- best[i][j]: the least largest cost of blocks j.. over stages i..V
   local best = {}
@@ -297,10 +306,20 @@ local function balanced(layers, V, head)
       local left = layers - j
       if i == V then
         best[i][j] = cost(i, left)
-      else
-        local b = math.huge
-        for k = 1, left - (V - i) do b = math.min(b, math.max(cost(i, k), best[i + 1][j + k])) end
+      elseif left >= V - i + 1 then
+        -- max(cost(i, k), best[i+1][j+k]) over k = 1 .. left-(V-i): the
+        -- first term grows with k, the second does not, so the least is
+        -- where they cross (a binary search, not a scan: layers may be many)
+        local nxt, lo, hi = best[i + 1], 1, left - (V - i)
+        while lo < hi do
+          local mid = (lo + hi) // 2
+          if cost(i, mid) >= nxt[j + mid] then hi = mid else lo = mid + 1 end
+        end
+        local b = math.max(cost(i, lo), nxt[j + lo])
+        if lo > 1 then b = math.min(b, math.max(cost(i, lo - 1), nxt[j + lo - 1])) end
         best[i][j] = b
+      else
+        best[i][j] = math.huge -- fewer blocks than stages: never chosen
       end
     end
   end
@@ -361,8 +380,8 @@ local function partition(fail, model, pp, chunks, explicit)
   if chunks > 1 then
     for i = 1, V do size[i] = layers // V end
   else
-    local block, head = costs(model)
-    size = balanced(layers, V, head / block)
+    local blk, head = costs(model)
+    size = balanced(layers, V, head / blk)
   end
   local first = 0
   for i = 1, V do out[i] = { first, first + size[i] - 1 }; first = first + size[i] end
@@ -370,21 +389,17 @@ local function partition(fail, model, pp, chunks, explicit)
 end
 
 -- Called by C after the script and every -e statement have run: returns
--- the checked, normalised plan or raises an error naming what is wrong.
+-- the checked, normalised plan (plain tables, nothing a script can still
+-- change) or raises an error naming what is wrong.
 function M._plan(script)
   local function fail(msg) error(script .. ": " .. msg, 0) end
-  local function guarded(f, ...)
-    local ok, res = pcall(f, ...)
-    if not ok then fail(res) end
-    return res
-  end
-  for k, v in pairs(_G) do
+  for k, v in next, _G do
     if type(k) == "string" and type(v) == "table" and package.loaded[k] == nil
         and not specs[k] and k ~= "model" then
       -- a typo of a table the script then lacks; a helper table whose name
       -- happens to be close to one it has is fine
-      local near = nearest(k, globals)
-      if near and (_G[near] == nil or next(_G[near]) == nil) then
+      local near = K.nearest(k, globals)
+      if near and (_G[near] == nil or (type(_G[near]) == "table" and next(_G[near]) == nil)) then
         fail(string.format("unknown global table '%s' (did you mean '%s'?)", k, near))
       end
     end
@@ -392,30 +407,32 @@ function M._plan(script)
   if _G.model == nil then
     fail("no model: set `model = zt.gpt{...}` or `model = zt.llama{...}`")
   end
-  if getmetatable(_G.model) ~= model_mt then
-    fail("model must be built with zt.gpt{...} or zt.llama{...}")
+  if getmetatable(_G.model) ~= model_mt or not state[_G.model] then
+    fail("model must be built with zt.gpt{...} or zt.llama{...}, got " .. describe(_G.model))
   end
-  local plan = { model = _G.model }
+  local model, msg = resolve(_G.model)
+  if not model then fail(msg) end
+  local plan = { model = model }
   local sched = _G.schedule
   if type(sched) == "function" then sched = M.schedule.custom { fn = sched } end
   if sched ~= nil and getmetatable(sched) ~= M.schedule.mt then
-    fail("schedule must be zt.schedule.NAME{...} or a function (stage, stages, microbatches, chunks)")
+    fail("schedule must be zt.schedule.NAME{...} or a function (stage, stages, microbatches, chunks), got "
+         .. describe(sched))
   end
-  for name, spec in pairs(specs) do
+  for _, name in ipairs(K.sorted_keys(specs)) do
     local t = _G[name]
     if t == nil then
       if not optional[name] then fail(string.format("no '%s' table: it is required", name)) end
       t = {}
     end
-    plan[name] = guarded(check, t, spec, name, 0)
+    local c, cmsg = K.check(t, specs[name], name)
+    if not c then fail(cmsg) end
+    plan[name] = c
   end
-  plan.schedule = sched or M.schedule.one_f_one_b {}
-  local chunks = plan.schedule.chunks
-  if math.type(chunks) ~= "integer" or chunks < 1 then
-    fail("schedule chunks must be an integer >= 1, got " .. tostring(chunks))
-  end
-  plan.parallel.stages = partition(fail, plan.model, plan.parallel.pp, chunks,
-                                   plan.parallel.stages)
+  local s, smsg = M.schedule._resolve(sched or M.schedule.one_f_one_b {})
+  if not s then fail(smsg) end
+  plan.schedule = s
+  plan.parallel.stages = partition(fail, plan.model, plan.parallel.pp, s.chunks, plan.parallel.stages)
   local lr = plan.train.lr
   if lr.kind == "cosine" then
     lr.decay_steps = lr.decay_steps or math.max(plan.train.steps, 1)
@@ -424,25 +441,38 @@ function M._plan(script)
 end
 
 -- Called by C once the number of micro-batches per step is known: each
--- stage's action list from the schedule's function, checked for shape;
--- the C side checks the lists against each other.
+-- stage's action list from the schedule's function, checked for shape and
+-- copied into plain tables (C reads them without running any more of the
+-- script); the C side checks the lists against each other.
+local action_index = integer(0, INT_MAX)
 function M._schedule_lists(sched, stages, microbatches)
   local lists = {}
   for st = 0, stages - 1 do
     local ok, l = pcall(sched.fn, st, stages, microbatches, sched.chunks)
-    if not ok then error(string.format("schedule %s, stage %d: %s", sched.name, st, l), 0) end
+    if not ok then
+      error(string.format("schedule %s, stage %d: %s", sched.name, st,
+                          type(l) == "string" and l or "error value " .. describe(l)), 0)
+    end
     if type(l) ~= "table" then
       error(string.format("schedule %s returned %s for stage %d, not a list of actions",
-                          sched.name, type(l), st), 0)
+                          sched.name, describe(l), st), 0)
     end
-    for i, a in ipairs(l) do
-      if type(a) ~= "table" or (a.op ~= "F" and a.op ~= "B" and a.op ~= "W")
-          or math.type(a.mb) ~= "integer" or (a.chunk ~= nil and math.type(a.chunk) ~= "integer") then
-        error(string.format("schedule %s, stage %d, step %d: an action is {op = \"F\"|\"B\"|\"W\", "
-                            .. "mb = integer, chunk = integer}", sched.name, st, i - 1), 0)
+    local out = {}
+    for i = 1, rawlen(l) do
+      local a = l[i]
+      local op, mb, chunk
+      if type(a) == "table" then
+        op, mb = a.op, action_index(a.mb)
+        chunk = a.chunk == nil and 0 or action_index(a.chunk)
       end
+      if (op ~= "F" and op ~= "B" and op ~= "W") or not mb or not chunk then
+        error(string.format("schedule %s, stage %d, step %d: an action is {op = \"F\"|\"B\"|\"W\", "
+                            .. "mb = integer >= 0, chunk = integer >= 0}, got %s", sched.name, st, i - 1,
+                            describe(a)), 0)
+      end
+      out[i] = { op = op, mb = mb, chunk = chunk }
     end
-    lists[st + 1] = l
+    lists[st + 1] = out
   end
   return lists
 end

@@ -7,44 +7,107 @@
 -- part of backward. Chunk c of stage s is virtual stage c * stages + s
 -- (Megatron's interleaving). The C side checks every list and simulates
 -- them together before anything runs (parallel/schedule.c).
+local K = require "ztrain_check"
+local _ENV = K.env -- the standard globals as they were before the script ran
 local S = {}
 
 local function act(list, op, mb, chunk)
   list[#list + 1] = { op = op, mb = mb, chunk = chunk or 0 }
 end
 
+-- costs = {F = ..., B = ..., W = ...}: relative times of the actions for
+-- the simulation (and the zero-bubble planner), each finite and > 0
+local cost = K.real(0, true)
+local costs_spec = { F = { cost, default = 1.0 }, B = { cost, default = 1.0 }, W = { cost, default = 1.0 } }
+local function costs_value(where)
+  return function(v)
+    local c, msg = K.check(v, costs_spec, where .. ".costs")
+    if not c then return nil, nil, msg end
+    return c
+  end
+end
+
+-- The keys each builder takes.
+local function spec_of(name)
+  local where = "zt.schedule." .. name
+  local spec = {
+    chunks = { K.integer(1, K.INT_MAX), default = name == "interleaved" and 2 or 1 },
+    costs = { costs_value(where) },
+  }
+  if name == "zero_bubble" then spec.max_deferred_w = { K.integer(0, K.INT_MAX) } end
+  if name == "custom" then
+    spec.fn = { function(v)
+      if type(v) ~= "function" then return nil, "a function (stage, stages, microbatches, chunks) -> actions" end
+      return v
+    end, required = true }
+    spec.name = { function(v)
+      if type(v) ~= "string" or #v < 1 or #v > 31 then return nil, "a string of 1 to 31 characters" end
+      return v
+    end, default = "custom" }
+  end
+  return spec, where
+end
+
 -- A schedule object: the function plus what the C side needs to know.
 local mt = { __name = "ztrain.schedule" }
-local function make(name, fn, t, extra)
-  t = t or {}
-  for k in pairs(t) do
-    if k ~= "chunks" and k ~= "costs" and not (name == "zero_bubble" and k == "max_deferred_w") then
-      error(string.format("zt.schedule.%s: unknown key '%s'; known keys: chunks, costs%s", name, k,
-                          name == "zero_bubble" and ", max_deferred_w" or ""), 3)
-    end
-  end
-  local s = { name = name, fn = fn, chunks = t.chunks or 1, costs = t.costs }
+local function make(name, fn, c, extra)
+  local s = { name = name, fn = fn, chunks = c.chunks, costs = c.costs }
   for k, v in pairs(extra or {}) do s[k] = v end
   return setmetatable(s, mt)
 end
 S.mt = mt
 
+-- The builder's checked arguments; an error points at the user's call
+-- (level 3 from here: this, the builder, its caller).
+local function args(name, t)
+  local spec, where = spec_of(name)
+  local c = K.checked(t == nil and {} or t, spec, where, 3)
+  return c -- not a tail call: that would take this level away
+end
+
+-- What C reads of a schedule object, checked again (a script may have
+-- changed its fields since it was built): plain values, or nil and the
+-- message.
+function S._resolve(s)
+  local name = rawget(s, "name")
+  if type(name) ~= "string" or #name < 1 or #name > 31 then
+    return nil, "schedule.name must be a string of 1 to 31 characters, got " .. K.describe(name)
+  end
+  local fn = rawget(s, "fn")
+  if type(fn) ~= "function" then
+    return nil, string.format("schedule %s: fn must be a function, got %s", name, K.describe(fn))
+  end
+  local chunks, what = K.integer(1, K.INT_MAX)(rawget(s, "chunks"))
+  if not chunks then
+    return nil, string.format("schedule %s: chunks must be %s, got %s", name, what,
+                              K.describe(rawget(s, "chunks")))
+  end
+  local costs, msg
+  if rawget(s, "costs") ~= nil then
+    costs, msg = K.check(rawget(s, "costs"), costs_spec, "schedule " .. name .. ": costs")
+    if not costs then return nil, msg end
+  end
+  return { name = name, fn = fn, chunks = chunks, costs = costs,
+           min_multiple = rawget(s, "min_multiple") and true or false }
+end
+
 --- GPipe: every forward, then every backward (activations of all m
 --- micro-batches live at once).
 function S.gpipe(t)
-  return make("gpipe", function(stage, stages, m)
+  local s = make("gpipe", function(stage, stages, m)
     local l = {}
     for mb = 0, m - 1 do act(l, "F", mb) end
     for mb = 0, m - 1 do act(l, "B", mb) end
     return l
-  end, t)
+  end, args("gpipe", t))
+  return s
 end
 
 --- 1F1B (PipeDream-Flush): stages - stage - 1 warm-up forwards, then one
 --- forward and one backward in turn, then the remaining backwards; at most
 --- `stages` micro-batches in flight.
 function S.one_f_one_b(t)
-  return make("one_f_one_b", function(stage, stages, m)
+  local s = make("one_f_one_b", function(stage, stages, m)
     local l = {}
     local warm = math.min(stages - stage - 1, m)
     for mb = 0, warm - 1 do act(l, "F", mb) end
@@ -55,15 +118,15 @@ function S.one_f_one_b(t)
     end
     while b < m do act(l, "B", b); b = b + 1 end
     return l
-  end, t)
+  end, args("one_f_one_b", t))
+  return s
 end
 
 --- Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021): each rank holds
 --- `chunks` model chunks; micro-batches go through in groups of `stages`.
 --- Needs microbatches to be a multiple of stages.
 function S.interleaved(t)
-  local chunks = (t and t.chunks) or 2
-  return make("interleaved", function(stage, stages, m, v)
+  local s = make("interleaved", function(stage, stages, m, v)
     local l = {}
     local total = m * v
     -- k-th forward (backward) of this stage: which chunk, which micro-batch
@@ -84,7 +147,8 @@ function S.interleaved(t)
     end
     while b < total do local mb, c = bwd(b); act(l, "B", mb, c); b = b + 1 end
     return l
-  end, { chunks = chunks, costs = t and t.costs }, { min_multiple = true })
+  end, args("interleaved", t), { min_multiple = true })
+  return s
 end
 
 -- Greedy list scheduling of all stages at once, with the costs the C
@@ -146,27 +210,25 @@ end
 --- max_deferred_w = microbatches the bubble reaches ZB-H1's
 --- (p-1)(F+B-W) bound.
 function S.zero_bubble(t)
-  t = t or {}
-  local costs, defer = t.costs, t.max_deferred_w
+  local c = args("zero_bubble", t)
+  local costs, defer = c.costs or { F = 1, B = 1, W = 1 }, c.max_deferred_w
   local cache = {}
-  return make("zero_bubble", function(stage, stages, m)
+  local s = make("zero_bubble", function(stage, stages, m)
     local k = stages .. ":" .. m
     if not cache[k] then
-      local c = { F = costs and costs.F or 1, B = costs and costs.B or 1, W = costs and costs.W or 1 }
-      cache[k] = greedy(stages, m, c, function(s) return stages - s end,
-                        function(s) return defer or (stages - s) end)
+      cache[k] = greedy(stages, m, costs, function(st) return stages - st end,
+                        function(st) return defer or (stages - st) end)
     end
     return cache[k][stage]
-  end, t)
+  end, c)
+  return s
 end
 
 --- A user's function with a name, chunks and costs, as a schedule object.
 function S.custom(t)
-  if type(t) ~= "table" or type(t.fn) ~= "function" then
-    error("zt.schedule.custom needs {fn = function(stage, stages, microbatches, chunks) ... end}", 2)
-  end
-  local fn = t.fn
-  return make(t.name or "custom", fn, { chunks = t.chunks, costs = t.costs })
+  local c = args("custom", t)
+  local s = make(c.name, c.fn, c)
+  return s
 end
 
 return S

@@ -35,7 +35,8 @@
 static const char usage[] =
     "Usage: ztrain [OPTIONS] SCRIPT.lua\n"
     "       ztrain tokenize INPUT.txt OUTPUT.bin [--val VAL.bin] [--val-fraction F]\n"
-    "       ztrain schedule [-e STMT]... SCRIPT.lua\n"
+    "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
+    "                       SCRIPT.lua\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
     "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
@@ -54,6 +55,10 @@ static const char usage[] =
     "                   opens in Perfetto): pipeline actions, collectives and\n"
     "                   transfers, optimizer, steps; meant for short runs (the\n"
     "                   events stay in memory, ~100 bytes each, until the end)\n"
+    "      --script-timeout SECONDS  wall-clock budget of the script and of the Lua\n"
+    "                   that plans the run (-e statements, schedule functions;\n"
+    "                   default 30); past it the run is refused (exit 2)\n"
+    "      --script-memory MIB  memory budget of the same (default 1024)\n"
     "  -h, --help       show this help and exit\n"
     "  -V, --version    show the version and exit\n"
     "\n"
@@ -75,6 +80,7 @@ typedef struct {
   char **stmts;
   int nstmts;
   const char *script, *load, *save, *metrics, *resume, *trace;
+  zt_script_limits limits;
 } cli_args;
 
 /* Every rank learns the first failing rank's status and message, so all
@@ -92,6 +98,7 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
       {"steps", required_argument, 0, 's'}, {"load", required_argument, 0, 'l'},
       {"save", required_argument, 0, 'o'},  {"metrics", required_argument, 0, 'm'},
       {"resume", required_argument, 0, 'r'}, {"trace", required_argument, 0, 't'},
+      {"script-timeout", required_argument, 0, 'T'}, {"script-memory", required_argument, 0, 'M'},
       {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
@@ -108,6 +115,19 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
       case 'm': a->metrics = optarg; break;
       case 'r': a->resume = optarg; break;
       case 't': a->trace = optarg; break;
+      case 'T':
+      case 'M': {
+        /* finite and > 0; memory at least what the library itself needs */
+        char *end;
+        double v = strtod(optarg, &end), low = c == 'M' ? 4 : 0;
+        if (end == optarg || *end || !(v > low) || v > 1e12)
+          return zt_err_set(e, ZT_EINPUT, "--script-%s needs %s, got '%s'",
+                            c == 'M' ? "memory" : "timeout",
+                            c == 'M' ? "a number of MiB above 4 (at most 1e12)"
+                                     : "a number of seconds above 0 (at most 1e12)", optarg);
+        *(c == 'M' ? &a->limits.mib : &a->limits.seconds) = v;
+        break;
+      }
       case 'h': return 'h';
       case 'V': return 'V';
       default:
@@ -118,8 +138,9 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   }
   if (steps) {
     char *end;
+    errno = 0;
     long long n = strtoll(steps, &end, 10);
-    if (*end || n < 0)
+    if (end == steps || *end || n < 0 || errno == ERANGE)
       return zt_err_set(e, ZT_EINPUT, "--steps needs a non-negative integer, got '%s'", steps);
     char buf[64];
     snprintf(buf, sizeof buf, "train.steps = %lld", n);
@@ -167,7 +188,7 @@ static int schedule_main(int argc, char **argv) {
   int rc = parse_args(argc - 1, argv + 1, &a, &e);
   if (rc == 'h' || rc == 'V') rc = zt_err_set(&e, ZT_EINPUT, "usage: ztrain schedule [-e STMT]... SCRIPT.lua");
   zt_plan plan = {0};
-  if (!rc) rc = zt_config_load(&plan, a.script, a.stmts, a.nstmts, 0, &e);
+  if (!rc) rc = zt_config_load(&plan, a.script, a.stmts, a.nstmts, 0, &a.limits, &e);
   if (!rc) {
     const zt_pipeline_cfg *pc = &plan.pipeline;
     const zt_schedule *s = &pc->schedule;
@@ -292,7 +313,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_ckpt_async bg = {0};
   int rank0 = world->rank == 0, grid_up = 0, watched = 0;
 
-  int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, e);
+  int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &a->limits, e);
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
@@ -358,10 +379,11 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   if (!rc && rank0) print_banner(&plan, &model, &tr, &rep);
   while (!rc && tr.t < plan.train.steps) {
     zt_step_stats st;
-    zt_trainer_step(&tr, &st);
+    rc = zt_trainer_step(&tr, &st, e); /* a failure is the same on every rank */
     st.state_bytes = tr.zero.state_bytes;
     st.buffer_bytes = tr.zero.buffer_bytes;
     zt_report_step(&rep, &st);
+    if (rc) break; /* before any checkpoint of this state */
     int last = st.step == plan.train.steps;
     if (tr.has_val && ((plan.train.eval_every && st.step % plan.train.eval_every == 0) || last))
       zt_report_eval(&rep, st.step, zt_trainer_eval(&tr, plan.data.val_batches));

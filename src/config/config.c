@@ -9,9 +9,17 @@
 #include <limits.h>
 #include <lua.h>
 #include <lualib.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/core/timer.h"
 
 struct zt_lua_module { const char *name; const char *src; size_t len; };
 extern const struct zt_lua_module zt_lua_modules[];
@@ -56,10 +64,204 @@ static void install_searcher(lua_State *L) {
   lua_pop(L, 2);
 }
 
-/* Field readers for the checked plan table (at the top of the stack). */
+/* The budget the Lua state runs under (zt_script_limits): memory through
+ * the state's allocator, time through a count hook. `where` is the last
+ * position in the user's code (the script, -e, a schedule function) that
+ * the hook saw, for the message. */
+typedef struct script_budget {
+  size_t used, limit; /* limit: cap while Lua runs, else none (C reading the plan must not fail) */
+  size_t cap;
+  int refused; /* an allocation was refused */
+  double start, seconds;
+  int timed_out;
+  const char *script;
+  char where[LUA_IDSIZE + 24];
+} script_budget;
+
+static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  script_budget *b = ud;
+  size_t old = ptr ? osize : 0; /* without ptr, osize is a type tag */
+  if (nsize == 0) {
+    free(ptr);
+    b->used -= old;
+    return NULL;
+  }
+  /* only growth is refused: Lua counts on a shrink to succeed */
+  if (nsize > old && b->used - old + nsize > b->limit) {
+    b->refused = 1;
+    return NULL;
+  }
+  void *q = realloc(ptr, nsize);
+  if (q) b->used = b->used - old + nsize;
+  return q;
+}
+
+/* Instructions between looks at the clock: a few microseconds of Lua. */
+#define HOOK_COUNT 1000
+
+static void budget_hook(lua_State *L, lua_Debug *ar) {
+  void *ud;
+  lua_getallocf(L, &ud);
+  script_budget *b = ud;
+  /* the library's own code ("[ztrain]/...", "(ztrain)") is not where the user looks */
+  if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0 && ar->short_src[0] != '[' &&
+      strcmp(ar->short_src, "(ztrain)"))
+    snprintf(b->where, sizeof b->where, "%s:%d", ar->short_src, ar->currentline);
+  if (b->timed_out || zt_timer_now() - b->start > b->seconds) {
+    b->timed_out = 1;
+    /* from now on every instruction fails, so a pcall in the script
+     * cannot swallow the end of its time */
+    lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
+    luaL_error(L, "out of time");
+  }
+}
+
+/* The hook cannot reach Lua that runs with hooks off (a __gc finalizer)
+ * nor one long call into C (a pathological pattern match). A thread ends
+ * the process a little past the budget rather than let the job hang: it
+ * prints the message where the CLI would (the first rank) and exits with
+ * the bad-input status. */
+typedef struct backstop {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  int done, running;
+  struct timespec deadline; /* CLOCK_MONOTONIC */
+  char msg[512];
+} backstop;
+
+static int first_rank(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v) return atoi(v) == 0;
+  }
+  return 1;
+}
+
+static void *backstop_main(void *arg) {
+  backstop *bs = arg;
+  int rc = 0;
+  pthread_mutex_lock(&bs->lock);
+  while (!bs->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&bs->cv, &bs->lock, &bs->deadline);
+  int fire = !bs->done;
+  pthread_mutex_unlock(&bs->lock);
+  if (fire) {
+    if (first_rank()) {
+      ssize_t w = write(STDERR_FILENO, bs->msg, strlen(bs->msg));
+      (void)w;
+    }
+    _exit(ZT_EINPUT);
+  }
+  return NULL;
+}
+
+static void backstop_start(backstop *bs, const char *script, double seconds) {
+  double grace = seconds < 5 ? seconds : 5, at;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  at = (double)now.tv_sec + 1e-9 * now.tv_nsec + seconds + grace;
+  bs->deadline.tv_sec = (time_t)at;
+  bs->deadline.tv_nsec = (long)((at - (double)bs->deadline.tv_sec) * 1e9);
+  snprintf(bs->msg, sizeof bs->msg,
+           "ztrain: error: %s: the script ran for more than %g s (--script-timeout) in code that "
+           "cannot be stopped in between (a __gc finalizer or one long library call); ended\n",
+           script, seconds);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&bs->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&bs->lock, NULL);
+  bs->done = 0;
+  bs->running = pthread_create(&bs->thread, NULL, backstop_main, bs) == 0;
+}
+
+static void backstop_stop(backstop *bs) {
+  if (bs->running) {
+    pthread_mutex_lock(&bs->lock);
+    bs->done = 1;
+    pthread_cond_signal(&bs->cv);
+    pthread_mutex_unlock(&bs->lock);
+    pthread_join(bs->thread, NULL);
+  }
+  pthread_cond_destroy(&bs->cv);
+  pthread_mutex_destroy(&bs->lock);
+}
+
+/* Message handler: an error value that is not a string still says what
+ * it is, and where the script was, as near as the hook knows. */
+static int error_text(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TSTRING) return 1;
+  if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+  void *ud;
+  lua_getallocf(L, &ud);
+  const script_budget *b = ud;
+  const char *at = b->where[0] ? b->where : b->script;
+  lua_Debug ar;
+  /* the innermost of the user's functions on the stack raised it */
+  for (int level = 1; lua_getstack(L, level, &ar); level++)
+    if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0 && ar.short_src[0] != '[') {
+      lua_pushfstring(L, "%s:%d", ar.short_src, ar.currentline);
+      at = lua_tostring(L, -1);
+      break;
+    }
+  lua_pushfstring(L, "%s: error(...) with a %s value, not a message", at, luaL_typename(L, 1));
+  return 1;
+}
+
+/* After a failed load or call (status, the error value on top): *e in the
+ * user's terms, the error value popped. `doing` names what ran when it is
+ * not the script itself (the plan's checks, a schedule's function). */
+static int lua_failure(lua_State *L, int status, const char *doing, zt_err *e) {
+  void *ud;
+  lua_getallocf(L, &ud);
+  const script_budget *b = ud;
+  const char *at = b->where[0] ? b->where : b->script;
+  const char *msg = lua_tostring(L, -1);
+  if (b->timed_out) {
+    if (doing)
+      zt_err_set(e, ZT_EINPUT, "%s: %s took more than %g s (--script-timeout)", at, doing, b->seconds);
+    else
+      zt_err_set(e, ZT_EINPUT, "%s: the script ran for more than %g s (--script-timeout): an endless loop?",
+                 at, b->seconds);
+  } else if (status == LUA_ERRMEM || (b->refused && msg && !strcmp(msg, "not enough memory"))) {
+    zt_err_set(e, ZT_EINPUT, "%s: %s needed more than %g MiB of memory (--script-memory)", at,
+               doing ? doing : "the script", (double)b->cap / (1024.0 * 1024.0));
+  } else {
+    zt_err_set(e, ZT_EINPUT, "%s", msg ? msg : "(error object is not a string)");
+  }
+  lua_pop(L, 1);
+  return ZT_EINPUT;
+}
+
+int zt_config_call(lua_State *L, int nargs, int nresults, const char *doing, zt_err *e) {
+  int handler = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, error_text);
+  lua_insert(L, handler);
+  void *ud;
+  lua_getallocf(L, &ud);
+  script_budget *b = ud;
+  b->where[0] = 0; /* a position from an earlier part would mislead */
+  b->limit = b->cap;
+  int status = lua_pcall(L, nargs, nresults, handler);
+  lua_remove(L, handler);
+  int rc = status == LUA_OK ? ZT_OK : lua_failure(L, status, doing, e);
+  b->limit = SIZE_MAX;
+  return rc;
+}
+
+/* Field readers for the checked plan table (at the top of the stack); the
+ * Lua side has checked each value against the C type it goes into. */
 static double num(lua_State *L, const char *k) {
   lua_getfield(L, -1, k);
   double v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+static lua_Integer integer(lua_State *L, const char *k) {
+  lua_getfield(L, -1, k);
+  lua_Integer v = lua_tointeger(L, -1);
   lua_pop(L, 1);
   return v;
 }
@@ -86,22 +288,22 @@ static void read_model(lua_State *L, zt_model_cfg *m) {
   char *kind = dupstr(L, "kind");
   m->arch = !strcmp(kind, "gpt") ? ZT_ARCH_GPT : ZT_ARCH_LLAMA;
   free(kind);
-  m->vocab = (int)num(L, "vocab");
-  m->seq = (int)num(L, "seq");
-  m->dim = (int)num(L, "dim");
-  m->layers = (int)num(L, "layers");
-  m->heads = (int)num(L, "heads");
-  m->kv_heads = (int)num(L, "kv_heads");
-  m->ffn_dim = (int)num(L, "ffn_dim");
+  m->vocab = (int)integer(L, "vocab");
+  m->seq = (int)integer(L, "seq");
+  m->dim = (int)integer(L, "dim");
+  m->layers = (int)integer(L, "layers");
+  m->heads = (int)integer(L, "heads");
+  m->kv_heads = (int)integer(L, "kv_heads");
+  m->ffn_dim = (int)integer(L, "ffn_dim");
   m->norm_eps = (float)num(L, "norm_eps");
   m->rope_theta = (float)num(L, "rope_theta");
   m->tied = boolean(L, "tied");
 }
 
 static void read_train(lua_State *L, zt_train_cfg *t) {
-  t->micro_batch = (int)num(L, "micro_batch");
-  t->global_batch = has(L, "global_batch") ? (int)num(L, "global_batch") : 0;
-  t->steps = (int64_t)num(L, "steps");
+  t->micro_batch = (int)integer(L, "micro_batch");
+  t->global_batch = has(L, "global_batch") ? (int)integer(L, "global_batch") : 0;
+  t->steps = (int64_t)integer(L, "steps");
   zt_optim_cfg *o = &t->optim;
   o->weight_decay = num(L, "weight_decay");
   o->eps = num(L, "eps");
@@ -118,18 +320,19 @@ static void read_train(lua_State *L, zt_train_cfg *t) {
     o->lr.kind = ZT_LR_COSINE;
     o->lr.peak = num(L, "peak");
     o->lr.final = num(L, "final");
-    o->lr.warmup = (int64_t)num(L, "warmup");
-    o->lr.decay_steps = (int64_t)num(L, "decay_steps");
+    o->lr.warmup = (int64_t)integer(L, "warmup");
+    o->lr.decay_steps = (int64_t)integer(L, "decay_steps");
   } else {
     o->lr.kind = ZT_LR_CONSTANT;
     o->lr.value = num(L, "value");
   }
   free(kind);
   lua_pop(L, 1);
-  t->seed = (uint64_t)num(L, "seed");
-  t->log_every = (int)num(L, "log_every");
-  t->eval_every = (int)num(L, "eval_every");
+  t->seed = (uint64_t)integer(L, "seed"); /* >= 0, and not through a double: every bit counts */
+  t->log_every = (int)integer(L, "log_every");
+  t->eval_every = (int)integer(L, "eval_every");
   t->peak_gflops = num(L, "peak_gflops");
+  t->max_bad_steps = (int)integer(L, "max_bad_steps");
 }
 
 static char *absolute(char *path) {
@@ -147,17 +350,17 @@ static void read_data(lua_State *L, zt_data_cfg *d) {
   d->token_bytes = !strcmp(dtype, "u32") ? 4 : 2;
   free(dtype);
   d->shuffle = boolean(L, "shuffle");
-  d->val_batches = (int)num(L, "val_batches");
+  d->val_batches = (int)integer(L, "val_batches");
 }
 
 static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e) {
-  p->tp = (int)num(L, "tp");
-  p->pp = (int)num(L, "pp");
+  p->tp = (int)integer(L, "tp");
+  p->pp = (int)integer(L, "pp");
   p->timeout = num(L, "timeout");
   p->sequence_parallel = boolean(L, "sequence_parallel");
   lua_getfield(L, -1, "zero");
-  p->zero.stage = (int)num(L, "stage");
-  p->zero.bucket_bytes = (int64_t)num(L, "bucket_bytes");
+  p->zero.stage = (int)integer(L, "stage");
+  p->zero.bucket_bytes = (int64_t)integer(L, "bucket_bytes");
   p->zero.overlap = boolean(L, "overlap");
   lua_pop(L, 1);
   lua_getfield(L, -1, "dp");
@@ -170,40 +373,115 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
     if (automatic) p->dp = 1;
     return ZT_OK;
   }
+  /* each is a C int, their products need not be */
+  long long tpp = (long long)p->tp * p->pp;
   if (automatic) {
-    if (world % (p->tp * p->pp))
+    if (world % tpp)
       return zt_err_set(e, ZT_EINPUT,
-                        "parallel: world size %d is not divisible by tp*pp = %d*%d = %d; "
-                        "run on a multiple of %d ranks", world, p->tp, p->pp,
-                        p->tp * p->pp, p->tp * p->pp);
-    p->dp = world / (p->tp * p->pp);
+                        "parallel: world size %d is not divisible by tp*pp = %d*%d = %lld; "
+                        "run on a multiple of %lld ranks", world, p->tp, p->pp, tpp, tpp);
+    p->dp = (int)(world / tpp);
   }
-  if (p->dp * p->tp * p->pp != world)
+  long long all = p->dp * tpp;
+  if (all != world)
     return zt_err_set(e, ZT_EINPUT,
-                      "parallel: dp*tp*pp = %d*%d*%d = %d but the world has %d "
-                      "ranks; run with -np %d or set dp = \"auto\"",
-                      p->dp, p->tp, p->pp, p->dp * p->tp * p->pp, world,
-                      p->dp * p->tp * p->pp);
+                      "parallel: dp*tp*pp = %d*%d*%d = %lld but the world has %d "
+                      "ranks; run with -np %lld or set dp = \"auto\"",
+                      p->dp, p->tp, p->pp, all, world, all);
   return ZT_OK;
 }
 
-static int check_batch(zt_train_cfg *t, int dp, zt_err *e) {
-  if (!t->global_batch) t->global_batch = t->micro_batch * dp;
-  int per = t->micro_batch * dp;
+static int check_batch(zt_train_cfg *t, int dp, int seq, zt_err *e) {
+  long long per = (long long)t->micro_batch * dp, rows = (long long)t->micro_batch * seq;
+  /* the kernels count the rows of a micro-batch in a C int */
+  if (rows > INT_MAX)
+    return zt_err_set(e, ZT_EINPUT,
+                      "train: micro_batch*seq = %d*%d = %lld rows per micro-batch, more than %d; "
+                      "use micro_batch <= %d", t->micro_batch, seq, rows, INT_MAX, INT_MAX / seq);
+  if (!t->global_batch && per > INT_MAX)
+    return zt_err_set(e, ZT_EINPUT,
+                      "train: global_batch defaults to micro_batch*dp = %d*%d = %lld, more than %d; "
+                      "use a smaller micro_batch", t->micro_batch, dp, per, INT_MAX);
+  if (!t->global_batch) t->global_batch = (int)per;
   if (t->global_batch % per) {
-    int below = t->global_batch / per * per, above = below + per;
+    long long below = t->global_batch / per * per, above = below + per;
     if (below)
       return zt_err_set(e, ZT_EINPUT,
-                        "train: global_batch %d is not divisible by micro_batch*dp = %d*%d = %d; "
-                        "use a multiple of %d, e.g. %d or %d", t->global_batch, t->micro_batch,
+                        "train: global_batch %d is not divisible by micro_batch*dp = %d*%d = %lld; "
+                        "use a multiple of %lld, e.g. %lld or %lld", t->global_batch, t->micro_batch,
                         dp, per, per, below, above);
     return zt_err_set(e, ZT_EINPUT,
-                      "train: global_batch %d is not divisible by micro_batch*dp = %d*%d = %d; "
-                      "use a multiple of %d, e.g. %d, or a smaller micro_batch", t->global_batch,
+                      "train: global_batch %d is not divisible by micro_batch*dp = %d*%d = %lld; "
+                      "use a multiple of %lld, e.g. %lld, or a smaller micro_batch", t->global_batch,
                       t->micro_batch, dp, per, per, above);
   }
-  t->accum = t->global_batch / per;
+  t->accum = (int)(t->global_batch / per);
   return ZT_OK;
+}
+
+/* A number from a file like /proc/meminfo's "MemAvailable:" line (key
+ * given) or a cgroup file holding one number; -1 when absent or "max". */
+static double read_number(const char *path, const char *key) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  char line[256];
+  double v = -1;
+  while (fgets(line, sizeof line, f)) {
+    if (key && strncmp(line, key, strlen(key))) continue;
+    char *end, *at = key ? line + strlen(key) : line;
+    double x = strtod(at, &end);
+    if (end != at) v = key && strstr(end, "kB") ? x * 1024 : x;
+    break;
+  }
+  fclose(f);
+  return v;
+}
+
+/* The memory this rank may count on: what the kernel calls available, or
+ * less under a cgroup limit (a Slurm job, a container), shared by the
+ * ranks of this node. How many that is comes from the launcher's
+ * environment: the grid does not exist yet, and MPI stays in parallel/.
+ * Unknown, it counts as one (as before this check: never a false refusal
+ * for a count it cannot know). */
+static void memory_budget(zt_mem_budget *mb, int dp, int zero) {
+  char what[96];
+  double avail = read_number("/proc/meminfo", "MemAvailable:");
+  snprintf(what, sizeof what, "MemAvailable");
+  if (avail < 0) {
+    struct sysinfo si;
+    if (sysinfo(&si)) return;
+    avail = ((double)si.freeram + (double)si.bufferram) * si.mem_unit;
+    snprintf(what, sizeof what, "free memory");
+  }
+  /* cgroup v2 at the namespace's root, then v1's memory controller */
+  static const char *const limits[][2] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (int i = 0; i < 2; i++) {
+    double limit = read_number(limits[i][0], NULL), used = read_number(limits[i][1], NULL);
+    if (limit > 0 && limit < 0x1p60 && used >= 0 && limit - used < avail) {
+      avail = limit > used ? limit - used : 0;
+      snprintf(what, sizeof what, "the cgroup limit %.2f GiB less %.2f GiB used", limit / 0x1p30,
+               used / 0x1p30);
+    }
+  }
+  static const char *const counts[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                       "SLURM_NTASKS_PER_NODE"};
+  int ranks = 1;
+  const char *from = NULL;
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0] && !from; i++) {
+    const char *v = getenv(counts[i]);
+    long n = v ? strtol(v, NULL, 10) : 0;
+    if (n >= 1 && n <= INT_MAX) ranks = (int)n, from = counts[i];
+  }
+  mb->avail = avail > 0 ? avail / ranks : 1; /* 0 would mean no check */
+  if (ranks > 1)
+    snprintf(mb->source, sizeof mb->source, "%s %.2f GiB shared by %d ranks on this node, from %s",
+             what, avail / 0x1p30, ranks, from);
+  else
+    snprintf(mb->source, sizeof mb->source, "%s", what);
+  mb->dp = dp;
+  mb->zero = zero;
 }
 
 static char *plan_json(const zt_plan *p) {
@@ -262,42 +540,48 @@ static char *read_text(const char *path) {
   return buf;
 }
 
+/* Loads (load_rc: the loader's status) and runs one chunk of the user's. */
 static int run_chunk(lua_State *L, int load_rc, zt_err *e) {
-  if (load_rc == LUA_OK) load_rc = lua_pcall(L, 0, 0, 0);
-  if (load_rc != LUA_OK) {
-    zt_err_set(e, ZT_EINPUT, "%s", lua_tostring(L, -1));
-    lua_pop(L, 1);
-    return ZT_EINPUT;
-  }
-  return ZT_OK;
+  if (load_rc != LUA_OK) return lua_failure(L, load_rc, NULL, e);
+  return zt_config_call(L, 0, 0, NULL, e);
 }
 
 int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
-                   int world_size, zt_err *e) {
+                   int world_size, const zt_script_limits *lim, zt_err *e) {
   memset(p, 0, sizeof *p);
   p->script_path = strdup(script);
-  lua_State *L = luaL_newstate();
+  double seconds = lim && lim->seconds > 0 ? lim->seconds : ZT_SCRIPT_SECONDS;
+  double mib = lim && lim->mib > 0 ? lim->mib : ZT_SCRIPT_MIB;
+  script_budget budget = {.limit = SIZE_MAX,
+                          .cap = mib * 1024 * 1024 < (double)SIZE_MAX ? (size_t)(mib * 1024 * 1024)
+                                                                      : SIZE_MAX,
+                          .start = zt_timer_now(), .seconds = seconds, .script = script};
+  lua_State *L = lua_newstate(budget_alloc, &budget);
   if (!L) return zt_err_set(e, ZT_ERUNTIME, "cannot create a Lua state");
+  backstop bs;
+  backstop_start(&bs, script, seconds);
+  lua_sethook(L, budget_hook, LUA_MASKCOUNT, HOOK_COUNT);
   luaL_openlibs(L);
   install_searcher(L);
   /* The optional tables exist empty, so that -e 'parallel.zero = 2' works
    * on a script that never mentions them; `zt` is there for -e too. */
   const char *pre = "parallel = {} checkpoint = {} zt = require 'ztrain'";
   int rc = run_chunk(L, luaL_loadbuffer(L, pre, strlen(pre), "=(ztrain)"), e);
+  if (!rc) { /* the library's entry points, out of the script's reach */
+    lua_getglobal(L, "zt");
+    lua_getfield(L, -1, "_plan");
+    lua_setfield(L, LUA_REGISTRYINDEX, "ztrain._plan");
+    lua_getfield(L, -1, "_schedule_lists");
+    lua_setfield(L, LUA_REGISTRYINDEX, "ztrain._schedule_lists");
+    lua_pop(L, 1);
+  }
   if (!rc) rc = run_chunk(L, luaL_loadfile(L, script), e);
   for (int i = 0; i < nstmts && !rc; i++)
     rc = run_chunk(L, luaL_loadbuffer(L, stmts[i], strlen(stmts[i]), "=(-e)"), e);
   if (!rc) {
-    lua_getglobal(L, "require");
-    lua_pushstring(L, "ztrain");
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
-      rc = zt_err_set(e, ZT_EINPUT, "%s", lua_tostring(L, -1));
-    } else {
-      lua_getfield(L, -1, "_plan");
-      lua_pushstring(L, script);
-      if (lua_pcall(L, 1, 1, 0) != LUA_OK)
-        rc = zt_err_set(e, ZT_EINPUT, "%s", lua_tostring(L, -1));
-    }
+    lua_getfield(L, LUA_REGISTRYINDEX, "ztrain._plan");
+    lua_pushstring(L, script);
+    rc = zt_config_call(L, 1, 1, "checking the script's tables", e);
   }
   if (!rc) {
     lua_getfield(L, -1, "model");
@@ -308,8 +592,8 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     read_data(L, &p->data);
     lua_getfield(L, -4, "checkpoint");
     p->ckpt.dir = dupstr(L, "dir");
-    p->ckpt.every = (int)num(L, "every");
-    p->ckpt.keep = (int)num(L, "keep");
+    p->ckpt.every = (int)integer(L, "every");
+    p->ckpt.keep = (int)integer(L, "keep");
     p->ckpt.async = boolean(L, "async");
     lua_getfield(L, -5, "parallel");
     rc = read_parallel(L, &p->parallel, world_size, e);
@@ -317,11 +601,14 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   }
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
-  if (!rc) rc = check_batch(&p->train, p->parallel.dp, e);
+  if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);
   p->model.sequence_parallel = p->parallel.sequence_parallel;
   if (!rc) rc = zt_model_sp_check(&p->model, p->train.micro_batch, p->parallel.tp, e);
   if (!rc) rc = zt_config_pipeline(L, p, e);
-  lua_close(L);
+  if (!rc && world_size)
+    memory_budget(&p->model.mem, p->parallel.dp, p->parallel.zero.stage);
+  lua_close(L); /* runs the script's finalizers: the backstop still watches */
+  backstop_stop(&bs);
   if (!rc) p->json = plan_json(p);
   if (!rc) p->script_text = read_text(script);
   return rc;

@@ -46,12 +46,25 @@ typedef struct zt_plan {
   char *json; /* the resolved plan as JSON, stored in checkpoints */
 } zt_plan;
 
-/* Runs `script` then each of `stmts` (Lua statements) in one state, checks
- * the result against the world size and fills *p. Errors are ZT_EINPUT with
- * file:line where Lua knows it. world_size 0: no world to fit (dp = "auto"
- * means 1), for tools that only inspect a plan. */
+/* The budget of the Lua that runs at plan time: the script, the -e
+ * statements, the library's checks and the schedule functions, together.
+ * 0 means the default. A script is the user's own program, with Lua's
+ * standard library; the budget only turns an endless loop or an unbounded
+ * allocation into a message instead of a job that never starts. */
+#define ZT_SCRIPT_SECONDS 30.0
+#define ZT_SCRIPT_MIB 1024.0
+typedef struct zt_script_limits {
+  double seconds; /* wall-clock (--script-timeout) */
+  double mib;     /* memory of the Lua state (--script-memory) */
+} zt_script_limits;
+
+/* Runs `script` then each of `stmts` (Lua statements) in one state under
+ * `lim` (NULL: the defaults), checks the result against the world size and
+ * fills *p. Errors are ZT_EINPUT with file:line where Lua knows it.
+ * world_size 0: no world to fit (dp = "auto" means 1) and no memory to
+ * check, for tools that only inspect a plan. */
 int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
-                   int world_size, zt_err *e);
+                   int world_size, const zt_script_limits *lim, zt_err *e);
 void zt_plan_free(zt_plan *p);
 
 #endif

@@ -2,6 +2,7 @@
 #include "src/config/pipeline.h"
 
 #include <lauxlib.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,19 +89,17 @@ int zt_config_pipeline(lua_State *L, zt_plan *p, zt_err *e) {
       s->cost[ZT_ACT_W] = cost_of(L, "W", 1);
     }
     lua_pop(L, 1);
-    lua_getglobal(L, "require");
-    lua_pushstring(L, "ztrain");
-    lua_call(L, 1, 1);
-    lua_getfield(L, -1, "_schedule_lists");
-    lua_pushvalue(L, -3); /* the schedule table */
+    char doing[160];
+    snprintf(doing, sizeof doing, "building the action lists of schedule %s (%d stages, %d micro-batches "
+             "per step)", s->name, pp, m);
+    lua_getfield(L, LUA_REGISTRYINDEX, "ztrain._schedule_lists"); /* config.c put it there */
+    lua_pushvalue(L, -2); /* the schedule table */
     lua_pushinteger(L, pp);
     lua_pushinteger(L, m);
-    if (lua_pcall(L, 3, 1, 0) != LUA_OK) {
-      rc = zt_err_set(e, ZT_EINPUT, "%s", lua_tostring(L, -1));
-      lua_pop(L, 2);
-    } else {
+    rc = zt_config_call(L, 3, 1, doing, e);
+    if (!rc) {
       rc = read_lists(L, s, e);
-      lua_pop(L, 2);
+      lua_pop(L, 1);
     }
     if (!rc) rc = zt_schedule_check(s, &pc->report, e);
   }

@@ -13,4 +13,9 @@
  * done: fills p->pipeline. */
 int zt_config_pipeline(lua_State *L, zt_plan *p, zt_err *e);
 
+/* lua_pcall of the function below nargs arguments, under the script's
+ * budget (config.c); a failure becomes *e (ZT_EINPUT) in the user's terms,
+ * `doing` naming what ran when it is not the script itself. */
+int zt_config_call(lua_State *L, int nargs, int nresults, const char *doing, zt_err *e);
+
 #endif

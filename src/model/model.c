@@ -4,6 +4,7 @@
  * chunk (layers.c does the layers), with the unit hooks around each use of
  * a unit's weights or gradients. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,6 +156,40 @@ static int make_chunks(zt_model *m, const zt_stage_cfg *st) {
   return 0;
 }
 
+/* Refuses (ZT_EINPUT) a model whose weights, gradients, AdamW moments and
+ * activations exceed cfg->mem.avail, saying what would fit. `weights`:
+ * bytes of the flat weights (and a tied head's copy); the gradients are
+ * as many. Activations grow with the micro-batch; the rest does not. */
+static int refuse_unless_fits(const zt_model *m, const zt_model_cfg *cfg, size_t weights,
+                              size_t acts, int micro_batch, zt_err *e) {
+  const zt_mem_budget *b = &cfg->mem;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  int shards = b->zero >= 1 && b->dp > 1 ? b->dp : 1;
+  double wg = 2.0 * weights, moments = 2.0 * (double)m->numel * sizeof(float) / shards;
+  double need = wg + moments + (double)acts;
+  if (need <= b->avail) return ZT_OK;
+  char fit[320] = "";
+  size_t n = 0;
+  double per_sample = (double)acts / micro_batch, fixed = wg + moments;
+  long long mb = fixed < b->avail ? (long long)((b->avail - fixed) / per_sample) : 0;
+  if (mb >= 1 && mb < micro_batch)
+    n += (size_t)snprintf(fit + n, sizeof fit - n, "train.micro_batch = %lld would fit; ", mb);
+  if (b->zero == 0 && b->dp > 1)
+    n += (size_t)snprintf(fit + n, sizeof fit - n,
+                          "parallel.zero = 1 would split the moments over the %d data-parallel "
+                          "ranks (%.2f GiB instead of %.2f); ", b->dp, moments / b->dp / gib,
+                          moments / gib);
+  snprintf(fit + n, sizeof fit - n, "%s", b->zero < 3 && b->dp > 1
+               ? "a higher ZeRO stage or more ranks (tp, pp) share the rest"
+               : "more ranks (tp, pp, or dp with ZeRO) share the weights and moments");
+  return zt_err_set(e, ZT_EINPUT,
+                    "the model does not fit in memory: it needs %.2f GiB per rank (weights and "
+                    "gradients %.2f GiB, AdamW moments %.2f GiB, activations for micro_batch %d: "
+                    "%.2f GiB) but %.2f GiB is available (%s); %s",
+                    need / gib, wg / gib, moments / gib, micro_batch, (double)acts / gib,
+                    b->avail / gib, b->source, fit);
+}
+
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
                   int micro_batch, zt_comm *tp, const zt_stage_cfg *stage, zt_err *e) {
   int rc = zt_model_layout(m, cfg, tp ? tp->size : 1, tp ? tp->rank : 0, e);
@@ -192,6 +227,13 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
   carver cv = {0};
   if (chunks_ok) carve_all(m, &cv);
   size_t wbytes = (size_t)m->numel * sizeof(float);
+  if (chunks_ok && cfg->mem.avail > 0) {
+    rc = refuse_unless_fits(m, cfg, wbytes + tied_bytes, cv.used, micro_batch, e);
+    if (rc) {
+      zt_model_free(m);
+      return rc;
+    }
+  }
   m->w = be->alloc(wbytes ? wbytes : 1);
   m->g = be->alloc(wbytes ? wbytes : 1);
   m->arena = be->alloc(cv.used);
@@ -204,7 +246,7 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
       (m->sp && (!m->sp_counts || !m->sp_displs))) {
     double gib = (2.0 * (wbytes + tied_bytes) + cv.used) / (1 << 30);
     zt_model_free(m);
-    return zt_err_set(e, ZT_ERUNTIME,
+    return zt_err_set(e, ZT_EINPUT,
                       "out of memory: the model needs %.2f GiB on backend %s "
                       "(weights and gradients %.2f GiB, activations for "
                       "micro_batch %d: %.2f GiB); try a smaller micro_batch",

@@ -18,6 +18,19 @@
 
 typedef enum { ZT_ARCH_GPT = 0, ZT_ARCH_LLAMA = 1 } zt_arch;
 
+/* The host memory zt_model_init may count on, found by whoever knows the
+ * machine and the run (src/config); avail 0: no check. It counts the
+ * optimizer's AdamW moments too (8 bytes per parameter, split over the dp
+ * ranks at ZeRO stage >= 1), so that a model that cannot fit is refused
+ * before anything is allocated: with overcommit a large malloc succeeds
+ * and the kernel kills the process later. It is the memory the backend
+ * allocates from (host memory for the CPU backend). */
+typedef struct zt_mem_budget {
+  double avail;     /* bytes this rank may use */
+  char source[160]; /* where avail comes from, for the message */
+  int dp, zero;     /* data-parallel ranks, ZeRO stage */
+} zt_mem_budget;
+
 typedef struct zt_model_cfg {
   zt_arch arch;
   int vocab, seq, dim, layers, heads;
@@ -29,6 +42,7 @@ typedef struct zt_model_cfg {
    * or checkpoints): the residual stream split by rows over the TP group
    * (parallel.sequence_parallel); ignored at tp = 1. */
   int sequence_parallel;
+  zt_mem_budget mem; /* what zt_model_init may allocate; not what the model is */
 } zt_model_cfg;
 
 typedef enum { ZT_INIT_NORMAL, ZT_INIT_ZEROS, ZT_INIT_ONES } zt_init_kind;

@@ -57,6 +57,27 @@ expect() {
   fi
 }
 
+# quick CODE SUBSTRING SCRIPT_TEXT [args...]: the same checks through
+# `ztrain schedule`, which runs the same configuration code without MPI
+# (for the many value checks; expect covers the full CLI)
+quick() {
+  local code=$1 want=$2 text=$3
+  shift 3
+  printf '%s\n' "$text" > case.lua
+  timeout 60 "$Z" schedule case.lua "$@" > stdout.txt 2> stderr.txt
+  local rc=$? why=""
+  [ "$rc" = "$code" ] || why="exit code $rc, expected $code"
+  grep -qF -- "$want" stderr.txt || why="$why; message lacks '$want'"
+  [ "$(grep -c "error" stderr.txt)" = 1 ] || why="$why; not one error line"
+  if [ -z "$why" ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL (schedule) [$want]: $why"
+    sed 's/^/    stderr: /' stderr.txt | head -5
+  fi
+}
+
 run_cases() {
   local np=$1
   expect 2 "case.lua:3:" "$np" "local zt = require 'ztrain'
@@ -99,12 +120,210 @@ head -c 3000 other.h5 > cut.h5
 expect 2 "checkpoint cut.h5 cannot be opened (damaged or truncated?)" 1 "$(base "")" --load cut.h5
 expect 2 "--save nowhere/x.h5: cannot write to folder nowhere" 1 "$(base "")" --save nowhere/x.h5
 
-expect 2 "parallel.zero must be a stage 0, 1, 2 or 3 (got 5)" 1 "$(base "parallel = {zero = 5}")"
+expect 2 "parallel.zero must be a stage 0, 1, 2 or 3, or {stage = ..., bucket_bytes = ..., overlap = ...}, got 5" 1 \
+  "$(base "parallel = {zero = 5}")"
 expect 2 "parallel.zero: unknown key 'bucket' (did you mean 'bucket_bytes'?)" 1 \
   "$(base "parallel = {zero = {stage = 2, bucket = 1}}")"
 
+# Values: NaN, infinities, fractions and integers beyond the C type are
+# refused with the value as written and the allowed range, never a Lua
+# address or an internal file:line; an assignment after the builder is
+# checked at the user's line.
+expect 2 "zt.gpt.dim must be an integer from 1 to 2147483647, got 32.5" 1 "$(base "model.dim = 32.5")"
+expect 2 "(-e):1: zt.gpt.heads must be an integer from 1 to 2147483647, got 0" 1 "$(base "")" -e "model.heads = 0"
+expect 2 "train.clip must be a finite number >= 0, got nan" 1 "$(base "train.clip = 0/0")"
+quick 2 "zt.gpt.dim must be an integer from 1 to 2147483647, got 1.1805916207174113e+21" "$(base "model.dim = 2^70")"
+quick 2 "train.weight_decay must be a finite number >= 0, got nan" "$(base "train.weight_decay = 0/0")"
+quick 2 "train.lr must be a finite number > 0 or zt.lr.cosine{...}, got inf" "$(base "train.lr = math.huge")"
+quick 2 "train.eps must be a finite number > 0, got inf" "$(base "train.eps = 1/0")"
+quick 2 'train.betas must be a pair {beta1, beta2} with both in [0, 1), got {0.9, "x"}' \
+  "$(base "train.betas = {0.9, 'x'}")"
+quick 2 "case.lua:5: error(...) with a table value, not a message" "$(base "error({code = 1})")"
+quick 2 "case.lua:5: zt.lr.cosine: unknown key 'warmpu' (did you mean 'warmup'?)" \
+  "$(base "train.lr = zt.lr.cosine{peak = 1e-3, warmpu = 10}")"
+# products of valid values that C ints cannot hold
+expect 2 "tp*pp = 2147483647*1 = 2147483647" 1 "$(base "parallel = {tp = 2^31 - 1}")"
+quick 2 "micro_batch*seq = 1073741824*16 = 17179869184 rows per micro-batch" "$(base "train.micro_batch = 2^30")"
+quick 2 "--steps needs a non-negative integer, got '99999999999999999999'" "$(base "")" --steps 99999999999999999999
+# a model larger than memory: refused before anything is allocated, with
+# the estimate, what is available, and what would fit
+huge="model = zt.gpt{vocab = 2^20, seq = 16, dim = 2^16, layers = 1, heads = 2^10}"
+expect 2 "the model does not fit in memory: it needs 1792.41 GiB per rank" 1 "$(base "$huge")"
+# the script's budget: time and memory, the script, -e and schedule
+# functions alike; a pcall in the script does not swallow the end
+expect 2 "case.lua:5: the script ran for more than 0.5 s (--script-timeout): an endless loop?" 1 \
+  "$(base "while true do pcall(function() while true do end end) end")" --script-timeout 0.5
+quick 2 "case.lua:5: the script needed more than 16 MiB of memory (--script-memory)" \
+  "$(base "local t = {} for i = 1, 1e9 do t[i] = {} end")" --script-memory 16
+quick 2 "(-e):1: the script ran for more than 0.5 s (--script-timeout): an endless loop?" \
+  "$(base "")" -e "repeat until false" --script-timeout 0.5
+quick 2 "building the action lists of schedule custom (1 stages, 1 micro-batches per step) took more than 0.5 s" \
+  "$(base "schedule = function() while true do end end")" --script-timeout 0.5
+# what hooks cannot stop (a finalizer): ended a little past the budget
+expect 2 "in code that cannot be stopped in between (a __gc finalizer or one long library call)" 1 \
+  "$(base "setmetatable({}, {__gc = function() while true do end end}) collectgarbage()")" --script-timeout 0.5
+quick 2 "--script-timeout needs a number of seconds above 0 (at most 1e12), got 'inf'" "$(base "")" --script-timeout inf
+
+# Every key of every table and builder against odd values, in one process
+# (ztrain schedule runs the script without MPI): each value is accepted or
+# refused in the user's terms (the key; a builder's or an assignment's
+# error at this file's line), never an internal error; values outside a
+# key's type are always refused.
+cat > fuzz.lua <<'LUA'
+local zt = require "ztrain"
+local odd = { 0, -1, 0.5, 2^31, 2^40, 2^63, 2^70, -2^70, 0/0, 1/0, -1/0, 1e-50, 1e300,
+              "x", "", {}, { 1, 2 }, true, false, print }
+local INT, FLT = 2^31 - 1, 3.4028234663852886e38
+-- kind: int (C int), int64, real (finite), float (a C float > 0), bool,
+-- or any (no claim but a clean message); min: the least value allowed
+local function refused_by_type(kind, min, v)
+  if kind == "any" then return false end
+  if kind == "bool" then return type(v) ~= "boolean" end
+  if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then return true end
+  if min and v < min then return true end
+  if kind == "int" then return math.tointeger(v) == nil or v > INT end
+  if kind == "int64" then return math.tointeger(v) == nil end
+  if kind == "float" then return v < 1.1754943508222875e-38 or v > FLT end
+  return false
+end
+local function show(v)
+  if type(v) == "number" then return string.format("%.17g", v) end
+  if type(v) == "string" then return string.format("%q", v) end
+  return type(v) == "table" and "{...}" or tostring(v)
+end
+local cases, failures = 0, {}
+local function clean(what, v, ok, msg, where, key, kind, min)
+  cases = cases + 1
+  local why
+  if ok then
+    if refused_by_type(kind, min, v) then why = "accepted" end
+  elseif type(msg) ~= "string" then why = "error value " .. type(msg)
+  elseif msg:find("[ztrain]", 1, true) or msg:find("attempt to", 1, true) or msg:find(": 0x", 1, true) then
+    why = "internal: " .. msg
+  elseif where and msg:sub(1, #where) ~= where then why = "not at " .. where .. ": " .. msg
+  elseif key and not msg:find(key, 1, true) then why = "does not name " .. key .. ": " .. msg
+  end
+  if why then failures[#failures + 1] = what .. " = " .. show(v) .. ": " .. why end
+end
+local function copy(t) local c = {} for k, v in pairs(t) do c[k] = v end return c end
+
+local n32 = { "int", 1 }
+local gpt = { vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2 }
+local costs = { "any" }
+local builders = {
+  { "zt.gpt", zt.gpt, gpt, { vocab = n32, seq = n32, dim = n32, layers = n32, heads = n32, tied = { "bool" } } },
+  { "zt.llama", zt.llama, gpt, { vocab = n32, seq = n32, dim = n32, layers = n32, heads = n32,
+    kv_heads = n32, ffn_dim = n32, norm_eps = { "float", 0 }, rope_theta = { "float", 0 } } },
+  { "zt.lr.cosine", zt.lr.cosine, { peak = 1e-3 }, { peak = { "real", 0 }, warmup = { "int64", 0 },
+    final = { "real", 0 }, decay_steps = { "int64", 1 } } },
+  { "zt.lr.constant", zt.lr.constant, { value = 1e-3 }, { value = { "real", 0 } } },
+  { "zt.schedule.gpipe", zt.schedule.gpipe, {}, { chunks = n32, costs = costs } },
+  { "zt.schedule.interleaved", zt.schedule.interleaved, {}, { chunks = n32, costs = costs } },
+  { "zt.schedule.zero_bubble", zt.schedule.zero_bubble, {}, { chunks = n32, costs = costs,
+    max_deferred_w = { "int", 0 } } },
+  { "zt.schedule.custom", zt.schedule.custom, { fn = function() return {} end },
+    { fn = { "any" }, name = { "any" }, chunks = n32, costs = costs } },
+}
+local line = debug.getinfo(1, "S").short_src .. ":"
+for _, b in ipairs(builders) do
+  local name, build, base, keys = b[1], b[2], b[3], b[4]
+  for key, kind in pairs(keys) do
+    for _, v in ipairs(odd) do
+      local t = copy(base)
+      t[key] = v
+      local ok, msg = pcall(function() local o = build(t); return o end)
+      clean(name .. "{" .. key .. "}", v, ok, msg, line, key, kind[1], kind[2])
+      if name == "zt.schedule.gpipe" then -- costs' own keys
+        ok, msg = pcall(function() local o = build { costs = { F = v } }; return o end)
+        clean(name .. "{costs.F}", v, ok, msg, line, "F", "real", 1e-300)
+      end
+      if not name:find("schedule") then -- an assignment to a built object
+        local o = build(copy(base))
+        ok, msg = pcall(function() o[key] = v end)
+        clean(name .. "." .. key .. " (assigned)", v, ok, msg, line, key, kind[1], kind[2])
+      end
+    end
+  end
+end
+
+-- the script's tables, through the check C runs after the script
+local function reset()
+  model = zt.gpt(copy(gpt))
+  parallel, checkpoint, schedule = {}, {}, nil
+  train = { steps = 2, micro_batch = 2 }
+  data = { train = "ok.bin" }
+end
+local tables = {
+  parallel = { dp = { "any" }, tp = n32, pp = n32, zero = { "any" }, order = { "any" },
+               timeout = { "real", 0 }, sequence_parallel = { "bool" }, stages = { "any" } },
+  train = { micro_batch = n32, global_batch = n32, steps = { "int64", 0 }, lr = { "real", 0 },
+            weight_decay = { "real", 0 }, betas = { "any" }, eps = { "real", 0 }, clip = { "real", 0 },
+            seed = { "int64", 0 }, log_every = { "int", 0 }, eval_every = { "int", 0 },
+            peak_gflops = { "real", 0 }, max_bad_steps = n32 },
+  data = { train = { "any" }, val = { "any" }, dtype = { "any" }, shuffle = { "bool" }, val_batches = n32 },
+  checkpoint = { dir = { "any" }, every = { "int", 0 }, keep = n32, async = { "bool" } },
+}
+local subkeys = { zero = { "stage", "bucket_bytes", "overlap" }, stages = { 1 }, betas = { 1 } }
+for tname, keys in pairs(tables) do
+  for key, kind in pairs(keys) do
+    for _, v in ipairs(odd) do
+      reset()
+      _G[tname][key] = v
+      local ok, msg = pcall(zt._plan, "case.lua")
+      clean(tname .. "." .. key, v, ok, msg, "case.lua: ", key, kind[1], kind[2])
+      for _, sub in ipairs(subkeys[key] or {}) do -- a nested table with an odd value inside
+        reset()
+        _G[tname][key] = key == "stages" and { { 0, v } } or key == "betas" and { 0.9, v } or { [sub] = v }
+        ok, msg = pcall(zt._plan, "case.lua")
+        clean(tname .. "." .. key .. "." .. tostring(sub), v, ok, msg, "case.lua: ", key, "any")
+      end
+    end
+  end
+end
+for _, g in ipairs { "model", "train", "data", "parallel", "checkpoint", "schedule" } do
+  for _, v in ipairs(odd) do
+    reset()
+    _G[g] = v
+    local ok, msg = pcall(zt._plan, "case.lua")
+    clean(g, v, ok, msg, "case.lua: ", nil, "any")
+  end
+end
+
+-- a schedule function's odd results, through the check of its lists
+reset()
+local plan = zt._plan("case.lua")
+for _, v in ipairs(odd) do
+  for i, result in ipairs { v, { v }, { { op = v, mb = 0 } }, { { op = "F", mb = v } },
+                            { { op = "F", mb = 0, chunk = v } } } do
+    plan.schedule.fn = function() return result end
+    local ok, msg = pcall(zt._schedule_lists, plan.schedule, 2, 4)
+    clean("schedule result " .. i, v, ok, msg, "schedule one_f_one_b", nil, "any")
+  end
+  plan.schedule.fn = function() error(v) end
+  local ok, msg = pcall(zt._schedule_lists, plan.schedule, 2, 4)
+  clean("schedule error", v, ok, msg, "schedule one_f_one_b", nil, "any")
+end
+
+reset()
+for _, f in ipairs(failures) do print("FUZZ FAIL " .. f) end
+print(string.format("fuzz: %d cases, %d failures", cases, #failures))
+LUA
+fuzz_out=$("$Z" schedule fuzz.lua 2>&1)
+if echo "$fuzz_out" | grep -q "^fuzz: [0-9]* cases, 0 failures$"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL: the library's checks against odd values:"
+  echo "$fuzz_out" | grep -v "^stage" | head -20 | sed 's/^/    /'
+fi
+
 if [ -n "$MPIRUN" ]; then
   run_cases 2
+  # on every rank at once, one message: the script's budget and a model
+  # too large for the node, its memory shared by the ranks on it
+  expect 2 "case.lua:5: the script ran for more than 0.5 s (--script-timeout): an endless loop?" 2 \
+    "$(base "while true do end")" --script-timeout 0.5
+  expect 2 "shared by 2 ranks on this node" 2 "$(base "$huge")"
   expect 2 "dp*tp*pp = 3*1*1 = 3 but the world has 2 ranks; run with -np 3" 2 "$(base "parallel = {dp = 3}")"
   expect 2 "world size 2 is not divisible by tp*pp = 4*1 = 4" 2 "$(base "parallel = {tp = 4}")"
   expect 2 "tp = 2 does not divide heads = 3; tp values that work for this model: 1, 3" 2 \
