@@ -9,7 +9,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,8 +163,25 @@ static void drop(int i) {
   pending[i] = pending[--npending];
 }
 
+/* The process's last serve call, and its last stall: serve is called
+ * every 20 ms at most by whatever the watchdog thread does, so a long
+ * gap means the process did not run. */
+static _Atomic double last_serve, stall_end, stall_len;
+
+double zt_oob_stalled(double within) {
+  double end = atomic_load(&stall_end);
+  return end > 0 && now_s() - end < within ? atomic_load(&stall_len) : 0;
+}
+
+int zt_oob_size(void) { return oob.size; }
+
 void zt_oob_serve(int wait_ms) {
   if (oob.fd < 0) return;
+  double now = now_s(), last = atomic_exchange(&last_serve, now);
+  if (last > 0 && now - last > 1.5) {
+    atomic_store(&stall_len, now - last);
+    atomic_store(&stall_end, now);
+  }
   struct pollfd p[PENDING + 1];
   p[0] = (struct pollfd){oob.fd, POLLIN, 0};
   for (int i = 0; i < npending; i++) p[i + 1] = (struct pollfd){pending[i].fd, POLLIN, 0};

@@ -40,7 +40,13 @@ void zt_oob_serve(int wait_ms);
 void zt_oob_ask(const int *ranks, int n, const void *question, void *answers,
                 zt_oob_status *st, double wait_s);
 
-/* Where a rank runs, for reports. */
+/* How long this process did not run (no serve call for over 1.5 s: it
+ * was stopped, or starved of CPU), if that ended within the last
+ * `within` seconds; else 0. */
+double zt_oob_stalled(double within);
+
+/* The world's size, and where a rank runs, for reports. */
+int zt_oob_size(void);
 const char *zt_oob_host(int rank);
 int zt_oob_pid(int rank);
 

@@ -26,18 +26,23 @@ typedef struct {
   char what[WHAT_MAX];
 } slot_view;
 
+enum { ASK_STATE = 0, ASK_CLAIM = 1 };
+
 typedef struct {
+  int32_t kind;  /* ASK_STATE: where are you on `group`; ASK_CLAIM: may I report? */
   int32_t group; /* the group asked about */
   int32_t asker;
-  char pad[ZT_OOB_QUESTION - 8];
+  char pad[ZT_OOB_QUESTION - 12];
 } question_t;
 
 /* What a rank tells another about a group: how many collectives it has
- * started there, and where each of its threads waits now. */
+ * started there, where each of its threads waits now, and whether it was
+ * itself not running a moment ago (stopped and continued); to a claim,
+ * whether the asker may report (one report per job). */
 typedef struct {
   int64_t seq; /* -1: not a member */
-  int32_t reporting;
-  int32_t pad;
+  double stalled; /* seconds it did not run, if that ended in the last 30 s */
+  int32_t granted, holder; /* ASK_CLAIM: the rank that reports (-1: unsure) */
   slot_view slot[SLOTS];
 } reply_t;
 
@@ -47,7 +52,8 @@ _Static_assert(sizeof(reply_t) <= ZT_OOB_ANSWER, "reply size");
 static struct {
   int on, rank;
   pthread_t thread;
-  _Atomic int running, reporting;
+  _Atomic int running;
+  int claim_holder; /* who reports for the whole job, as this rank granted; -1 none */
   pthread_mutex_t lock; /* guards everything below */
   double timeout;
   /* per slot a wait and one nested in it (a collective inside a phase) */
@@ -69,7 +75,7 @@ static struct {
   long long skip_seq, sends_seen;
   int stop_rank;
   char stop_where[64];
-} wd = {.lock = PTHREAD_MUTEX_INITIALIZER, .skip_rank = -1, .stop_rank = -1};
+} wd = {.lock = PTHREAD_MUTEX_INITIALIZER, .skip_rank = -1, .stop_rank = -1, .claim_holder = -1};
 
 static _Thread_local int tl_slot;
 
@@ -153,18 +159,32 @@ static void view(slot_view *v, int s, long long now) {
   memcpy(v->what, wd.slot[s].at[d - 1].what, WHAT_MAX);
 }
 
+/* Grants the first claim to report; a rank that was itself stopped a
+ * moment ago cannot know whether another granted one meanwhile, so it
+ * grants nothing. Call with wd.lock held. */
+static void claim(int asker, double stalled, reply_t *r) {
+  if (stalled > 0) {
+    r->granted = 0, r->holder = -1;
+    return;
+  }
+  if (wd.claim_holder < 0) wd.claim_holder = asker;
+  r->granted = wd.claim_holder == asker;
+  r->holder = wd.claim_holder;
+}
+
 static void answer(const void *question, void *out) {
   question_t q;
   reply_t r;
   memcpy(&q, question, sizeof q);
   memset(&r, 0, sizeof r);
   long long now = now_ns();
+  r.stalled = zt_oob_stalled(30.0);
   pthread_mutex_lock(&wd.lock);
   zt_comm *c = find_group(q.group);
   r.seq = c ? (int64_t)atomic_load(&c->seq) : -1;
   for (int s = 0; s < SLOTS; s++) view(&r.slot[s], s, now);
+  if (q.kind == ASK_CLAIM) claim(q.asker, r.stalled, &r);
   pthread_mutex_unlock(&wd.lock);
-  r.reporting = atomic_load(&wd.reporting);
   memcpy(out, &r, sizeof r);
 }
 
@@ -244,27 +264,80 @@ static int waits(const reply_t *r) {
   return 0;
 }
 
-/* Waits while another rank reports (the speaker, or -1 when the launcher
- * is expected to end the job): returns when this rank should report after
- * all, that is when the speaker neither reports nor has ended within a
- * few seconds; once it has, waits quietly for the end of the job. */
-static void defer(int speaker, const question_t *q) {
-  long long until = now_ns() + (long long)((2 * REPLY_WAIT_S + 1) * 1e9);
-  int spoken = 0;
-  while (now_ns() < until) {
-    for (long long nap = now_ns() + 500000000LL; now_ns() < nap;) zt_oob_serve(20);
-    if (speaker < 0 || spoken) continue;
-    char a[ZT_OOB_ANSWER];
-    zt_oob_status st;
-    zt_oob_ask(&speaker, 1, q, a, &st, REPLY_WAIT_S);
+static void serve_for(double seconds) {
+  for (long long until = now_ns() + (long long)(seconds * 1e9); now_ns() < until;)
+    zt_oob_serve(20);
+}
+
+/* One report per job: the first rank to claim it from the coordinator
+ * reports, the others keep quiet. The coordinator is the lowest world
+ * rank that answers and was not itself stopped a moment ago (a stalled
+ * rank 0 is skipped). Returns 1 when this rank reports, 0 when another
+ * does, -1 when a coordinator has exited: the job is being ended (or a
+ * rank died, which the launcher sees), so there is nothing to add. */
+static int claim_report(int world) {
+  question_t q = {.kind = ASK_CLAIM, .asker = wd.rank};
+  for (int c = 0; c < world && c < 8; c++) {
     reply_t r;
-    memcpy(&r, a, sizeof r);
-    if (st == ZT_OOB_GONE || (st == ZT_OOB_ANSWERED && r.reporting)) {
-      spoken = 1; /* it has reported, or is ending the job: that takes a moment */
-      until = now_ns() + 30000000000LL;
+    memset(&r, 0, sizeof r);
+    if (c == wd.rank) {
+      pthread_mutex_lock(&wd.lock);
+      claim(wd.rank, zt_oob_stalled(30.0), &r);
+      pthread_mutex_unlock(&wd.lock);
+    } else {
+      char a[ZT_OOB_ANSWER];
+      zt_oob_status st;
+      zt_oob_ask(&c, 1, &q, a, &st, REPLY_WAIT_S);
+      if (st == ZT_OOB_GONE) return -1;
+      if (st != ZT_OOB_ANSWERED) continue;
+      memcpy(&r, a, sizeof r);
+    }
+    if (r.granted) return 1;
+    if (r.holder >= 0) return 0;
+  }
+  return 1; /* nobody to coordinate: better two reports than none */
+}
+
+/* The ranks of the whole world that do not answer, when the group at
+ * hand only shows members waiting on others: the cause is further along
+ * the chain (a TP partner of a DP partner, say). Asked in batches, so
+ * that a large world does not run out of sockets. Adds a line for each. */
+static int sweep_world(text *t) {
+  int world = zt_oob_size(), found = 0, batch = 256;
+  int *ranks = malloc((size_t)batch * sizeof *ranks);
+  char *raw = malloc((size_t)batch * ZT_OOB_ANSWER);
+  zt_oob_status *st = malloc((size_t)batch * sizeof *st);
+  question_t q = {.kind = ASK_STATE, .group = -1, .asker = wd.rank};
+  for (int from = 0; ranks && raw && st && from < world; from += batch) {
+    int n = 0;
+    for (int r = from; r < world && r < from + batch; r++)
+      if (r != wd.rank) ranks[n++] = r;
+    zt_oob_ask(ranks, n, &q, raw, st, REPLY_WAIT_S);
+    for (int i = 0; i < n; i++) {
+      reply_t rep;
+      memcpy(&rep, raw + (size_t)i * ZT_OOB_ANSWER, sizeof rep);
+      int r = ranks[i];
+      if (st[i] == ZT_OOB_SILENT)
+        add(t, "ztrain: watchdog:   rank %d (pid %d on %s) does not answer: it is stopped or "
+            "hung (SIGSTOP, a debugger, a frozen node)\n", r, zt_oob_pid(r), zt_oob_host(r));
+      else if (st[i] == ZT_OOB_GONE)
+        add(t, "ztrain: watchdog:   rank %d (pid %d on %s) has exited\n", r, zt_oob_pid(r),
+            zt_oob_host(r));
+      else if (rep.stalled > 0)
+        add(t, "ztrain: watchdog:   rank %d (pid %d on %s) was not running for %.1f s until a "
+            "moment ago (stopped and continued?)\n", r, zt_oob_pid(r), zt_oob_host(r),
+            rep.stalled);
+      else
+        continue;
+      add(t, "ztrain: watchdog: cause: rank %d (the ranks above wait for it, directly or in "
+          "turn)\n", r);
+      found++;
     }
   }
-  if (spoken) MPI_Abort(MPI_COMM_WORLD, 1); /* the job outlived its report */
+  free(ranks);
+  free(raw);
+  free(st);
+  return found;
 }
 
 /* A slot's wait `me` has lasted longer than the timeout: ask the group's members how
@@ -290,7 +363,8 @@ static void examine(const slot_view *me, double timeout) {
   question_t q = {.group = me->group, .asker = wd.rank};
   zt_oob_status *ast = calloc((size_t)na + 1, sizeof *ast);
   if (ast) zt_oob_ask(ask, na, &q, raw, ast, REPLY_WAIT_S);
-  /* members in group order, this rank included */
+  /* members in group order, this rank included; a member that was not
+   * running a moment ago (stopped, then continued) counts as silent */
   int silent = 0, gone = 0, behind = 0, inside = 0;
   for (int i = 0, j = 0; ast && i < n; i++) {
     if (ranks[i] == wd.rank) {
@@ -303,21 +377,18 @@ static void examine(const slot_view *me, double timeout) {
     st[i] = ast[j];
     memcpy(&rep[i], raw + (size_t)j * ZT_OOB_ANSWER, sizeof *rep);
     j++;
-    if (st[i] != ZT_OOB_ANSWERED) silent++, gone += st[i] == ZT_OOB_GONE;
+    if (st[i] != ZT_OOB_ANSWERED || rep[i].stalled > 0) silent++, gone += st[i] == ZT_OOB_GONE;
     else if (rep[i].seq < me->seq) behind++;
     else {
       for (int t = 0; t < SLOTS; t++)
         if (rep[i].slot[t].group == me->group && rep[i].slot[t].seq == me->seq) inside++;
     }
   }
-  /* one rank speaks: the lowest that answers and waits */
-  int speaker = wd.rank;
-  for (int i = 0; i < n; i++)
-    if (st[i] == ZT_OOB_ANSWERED && waits(&rep[i]) && ranks[i] < speaker) speaker = ranks[i];
   int phase = me->op == ZT_OP_PHASE;
   if (phase && !silent && !behind && inside == n - 1) {
-    /* every member is in the phase and answers: slow, not stuck */
-    if (speaker == wd.rank)
+    /* every member is in the phase and answers: slow, not stuck; the
+     * member that comes first in the group says so */
+    if (ranks[0] == wd.rank)
       fprintf(stderr,
               "ztrain: watchdog: warning: %.*s (phase #%lld on group %s, %d ranks) has taken "
               "%.0f s (timeout %.0f s); every rank is in it and answers: slow I/O? still "
@@ -325,12 +396,19 @@ static void examine(const slot_view *me, double timeout) {
     free(rep), free(raw), free(st), free(ask), free(ast), free(ranks);
     return;
   }
-  /* The speaker reports and ends the job; this rank speaks only if it does
-   * not. A rank that has exited is being (or has been) seen by the
-   * launcher, which ends the job itself, or it exited because a report
-   * ended the job: either way, give that time to happen first. */
-  if (speaker != wd.rank || gone) defer(speaker != wd.rank ? speaker : -1, &q);
-  atomic_store(&wd.reporting, 1);
+  /* A rank that has exited is being (or has been) seen by the launcher,
+   * which ends the job itself, or it exited because a report ended the
+   * job: either way, give that time to happen first. */
+  if (gone) serve_for(2 * REPLY_WAIT_S + 1);
+  int mine = claim_report(zt_oob_size());
+  if (mine <= 0) {
+    /* another rank reports and ends the job, or the job is ending */
+    serve_for(30);
+    fprintf(stderr, "ztrain: watchdog: rank %d: %s #%lld on group %s has waited %.0f s; %s; "
+            "ending the job\n", wd.rank, phase ? me->what : op_name(me->op), (long long)me->seq,
+            gname, me->waited + 30, mine ? "a rank has exited" : "another rank reported why");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   text *t = calloc(1, sizeof *t);
   if (!t) MPI_Abort(MPI_COMM_WORLD, 1);
   if (phase)
@@ -348,6 +426,10 @@ static void examine(const slot_view *me, double timeout) {
     if (st[i] == ZT_OOB_SILENT)
       add(t, "ztrain: watchdog:   rank %d (pid %d on %s) does not answer: it is stopped or hung "
           "(SIGSTOP, a debugger, a frozen node)\n", r, zt_oob_pid(r), zt_oob_host(r));
+    else if (st[i] == ZT_OOB_ANSWERED && rep[i].stalled > 0)
+      add(t, "ztrain: watchdog:   rank %d (pid %d on %s) was not running for %.1f s until a "
+          "moment ago (stopped and continued?)\n", r, zt_oob_pid(r), zt_oob_host(r),
+          rep[i].stalled);
     else if (st[i] == ZT_OOB_GONE)
       add(t, "ztrain: watchdog:   rank %d (pid %d on %s) has exited\n", r, zt_oob_pid(r),
           zt_oob_host(r));
@@ -371,9 +453,9 @@ static void examine(const slot_view *me, double timeout) {
   if (silent) {
     add(t, "ztrain: watchdog: cause:");
     for (int i = 0; i < n; i++)
-      if (st[i] != ZT_OOB_ANSWERED) add(t, " rank %d", ranks[i]);
+      if (st[i] != ZT_OOB_ANSWERED || rep[i].stalled > 0) add(t, " rank %d", ranks[i]);
     add(t, " (the other ranks wait for %s)\n", silent > 1 ? "them" : "it");
-  } else if (!behind && !p2p) {
+  } else if (!sweep_world(t) && !behind && !p2p) {
     add(t, "ztrain: watchdog: every rank has arrived and answers: the operation itself does "
         "not complete (network or MPI failure?)\n");
   }
@@ -404,7 +486,9 @@ static void *run(void *arg) {
         next_ns[s] = 0;
       }
       if (timeout <= 0 || !since || v.waited <= timeout || now < next_ns[s]) continue;
-      examine(&v, timeout);
+      /* this rank was itself not running a moment ago: its own waits look
+       * long but say nothing about the others; look again later */
+      if (zt_oob_stalled(30.0) == 0) examine(&v, timeout);
       next_ns[s] = now_ns() + (long long)(timeout * 1e9);
     }
   }
