@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
-#include <mpi.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
