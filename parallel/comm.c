@@ -6,21 +6,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "parallel/watchdog.h"
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 
 const char *const zt_comm_op_names[ZT_OP_COUNT] = {
-    "allreduce", "reduce_scatter", "allgather", "bcast", "gather", "send", "recv"};
+    "allreduce", "reduce_scatter", "allgather", "bcast", "gather", "split",
+    "barrier",   "phase",          "send",      "recv"};
 
 static int next_id; /* groups are created in the same order on every rank */
+static int node_size = 1, node_rank, node_id;
 
-void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi, int own) {
+static void wrap_id(zt_comm *c, const char *name, MPI_Comm mpi, int own, int id) {
   memset(c, 0, sizeof *c);
   strncpy(c->name, name, sizeof c->name - 1);
   c->mpi = mpi;
-  c->id = next_id++;
+  c->id = id;
   MPI_Comm_rank(mpi, &c->rank);
   MPI_Comm_size(mpi, &c->size);
   c->world_ranks = malloc((size_t)c->size * sizeof *c->world_ranks);
@@ -35,6 +38,10 @@ void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi, int own) {
   free(mine);
   c->own = own;
   zt_watchdog_register(c);
+}
+
+void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi, int own) {
+  wrap_id(c, name, mpi, own, next_id++);
 }
 
 void zt_comm_free(zt_comm *c) {
@@ -89,7 +96,7 @@ static void traced(const zt_comm *c, zt_comm_op op, uint64_t seq, double t0) {
 
 static void wait_watched(zt_comm *c, zt_comm_op op, uint64_t seq, MPI_Request *r, double t0) {
   if (*r == MPI_REQUEST_NULL) return;
-  zt_watchdog_enter(c, op, seq);
+  zt_watchdog_enter(c, op, seq, NULL);
   while (!test_locked(r)) sched_yield();
   zt_watchdog_leave();
   traced(c, op, seq, t0);
@@ -110,6 +117,16 @@ static void wait_watched(zt_comm *c, zt_comm_op op, uint64_t seq, MPI_Request *r
 /* MPI counts are int: large buffers go in slices. */
 #define ZT_MPI_SLICE ((size_t)1 << 30)
 
+static MPI_Datatype mpi_type(zt_dtype t) {
+  switch (t) {
+    case ZT_F64: return MPI_DOUBLE;
+    case ZT_I32: return MPI_INT32_T;
+    case ZT_I64: return MPI_INT64_T;
+    case ZT_U64: return MPI_UINT64_T;
+    default: return MPI_FLOAT;
+  }
+}
+
 static void allreduce(zt_comm *c, void *x, size_t n, MPI_Datatype type,
                       size_t size, MPI_Op op) {
   uint64_t seq = start(c, ZT_OP_ALLREDUCE, ring_allreduce(c, n * size));
@@ -120,6 +137,108 @@ static void allreduce(zt_comm *c, void *x, size_t n, MPI_Datatype type,
             MPI_Iallreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, op, c->mpi,
                            &req_));
   }
+}
+
+void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op) {
+  allreduce(c, x, n, mpi_type(t), zt_dtype_size(t),
+            op == ZT_MAX ? MPI_MAX : op == ZT_MIN ? MPI_MIN : MPI_SUM);
+}
+
+void zt_comm_barrier(zt_comm *c) {
+  uint64_t seq = start(c, ZT_OP_BARRIER, 0);
+  if (c->size == 1) return;
+  WATCHED(c, ZT_OP_BARRIER, seq, MPI_Ibarrier(c->mpi, &req_));
+}
+
+int zt_comm_agree(zt_comm *c, int rc, zt_err *e) {
+  int32_t first = rc ? c->rank : c->size;
+  zt_comm_allreduce(c, &first, 1, ZT_I32, ZT_MIN);
+  if (first == c->size) return ZT_OK;
+  zt_comm_bcast(c, e, sizeof *e, first);
+  return e->code;
+}
+
+void zt_comm_phase_begin(zt_comm *c, const char *what) {
+  uint64_t seq = start(c, ZT_OP_PHASE, 0);
+  zt_watchdog_enter(c, ZT_OP_PHASE, seq, what);
+}
+
+void zt_comm_phase_end(zt_comm *c) {
+  (void)c;
+  zt_watchdog_leave();
+}
+
+/* A blocking MPI call that creates a communicator, watched: the watchdog
+ * answers over its own channel, so holding the lock here blocks nobody's
+ * report (splits happen at start, before any background thread). */
+void zt_comm_split(zt_comm *parent, const char *name, int color, int key, zt_comm *out) {
+  uint64_t seq = start(parent, ZT_OP_SPLIT, 0);
+  int id = next_id++;
+  MPI_Comm m = MPI_COMM_NULL;
+  zt_watchdog_enter(parent, ZT_OP_SPLIT, seq, NULL);
+  zt_comm_lock();
+  MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &m);
+  zt_comm_unlock();
+  zt_watchdog_leave();
+  if (m == MPI_COMM_NULL) {
+    memset(out, 0, sizeof *out);
+    out->mpi = MPI_COMM_NULL;
+    out->id = id;
+    return;
+  }
+  wrap_id(out, name, m, 1, id);
+}
+
+void zt_comm_dup(zt_comm *c, const char *name, zt_comm *out) {
+  uint64_t seq = start(c, ZT_OP_SPLIT, 0);
+  int id = next_id++;
+  MPI_Comm m;
+  zt_watchdog_enter(c, ZT_OP_SPLIT, seq, NULL);
+  zt_comm_lock();
+  MPI_Comm_dup(c->mpi, &m);
+  zt_comm_unlock();
+  zt_watchdog_leave();
+  wrap_id(out, name, m, 1, id);
+}
+
+int zt_comm_tag_ub(const zt_comm *c) {
+  (void)c; /* MPI attaches the bound to the world; it holds for every group */
+  int *ub, flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  return flag ? *ub : 32767; /* the least MPI promises */
+}
+
+int zt_comm_node_size(void) { return node_size; }
+int zt_comm_node_rank(void) { return node_rank; }
+int zt_comm_node_id(void) { return node_id; }
+
+int zt_comm_init(int *argc, char ***argv, zt_comm *world, const char *name,
+                 double timeout_s, char *why) {
+  int provided;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  wrap_id(world, name, MPI_COMM_WORLD, 0, next_id++);
+  /* the node: ranks that share memory with this one; its lowest rank names it */
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_rank(node, &node_rank);
+  node_id = world->rank;
+  MPI_Allreduce(MPI_IN_PLACE, &node_id, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  int rc = zt_watchdog_start(world, timeout_s, why);
+  return rc;
+}
+
+void zt_comm_abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  _exit(code); /* MPI_Abort does not return; the compiler cannot know */
+}
+
+void zt_comm_finalize(zt_comm *world) {
+  zt_comm_barrier(world);
+  zt_watchdog_stop();
+  zt_comm_free(world);
+  MPI_Finalize();
 }
 
 void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n) {
@@ -253,7 +372,7 @@ void zt_comm_wait(zt_req *r) { wait_watched(r->c, r->op, r->seq, &r->mpi, r->t0)
 
 void zt_comm_wait_idle(zt_req *r) {
   if (r->mpi == MPI_REQUEST_NULL) return;
-  zt_watchdog_enter(r->c, r->op, r->seq);
+  zt_watchdog_enter(r->c, r->op, r->seq, NULL);
   /* a short spin answers quick transfers at once; then 20 us naps, which
    * cost nothing against actions of milliseconds */
   const struct timespec nap = {0, 20000};

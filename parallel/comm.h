@@ -6,8 +6,11 @@
  * as in the ZeRO paper: all-reduce of n bytes 2n(p-1)/p, reduce-scatter and
  * all-gather of n bytes in all n - (this rank's part), broadcast n.
  * Today's backend is MPI over host memory; NCCL over device memory will be
- * a second implementation of these calls. Blocking calls and waits are
- * watched by the watchdog (watchdog.h). */
+ * a second implementation of these calls. This folder is the only place
+ * that calls MPI (a CI check enforces it; HDF5's MPI-IO file property is
+ * the one exception): every blocking call and every wait goes through
+ * here and is watched by the watchdog (watchdog.h), start-up and shut-down
+ * included. */
 #ifndef ZT_COMM_H
 #define ZT_COMM_H
 
@@ -16,12 +19,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/core/err.h"
+#include "src/core/tensor.h"
+
 typedef enum {
   ZT_OP_ALLREDUCE = 0,
   ZT_OP_REDUCE_SCATTER,
   ZT_OP_ALLGATHER,
   ZT_OP_BCAST,
   ZT_OP_GATHER,
+  ZT_OP_SPLIT,   /* creating a sub-group (a blocking collective) */
+  ZT_OP_BARRIER,
+  ZT_OP_PHASE,   /* a collective phase MPI cannot watch (HDF5 I/O) */
   ZT_OP_SEND, /* point-to-point (pipeline); numbered apart from the collectives */
   ZT_OP_RECV,
   ZT_OP_COUNT
@@ -51,10 +60,56 @@ typedef struct zt_req {
   double t0; /* posted at (zt_timer_now), for the trace */
 } zt_req;
 
+typedef enum { ZT_SUM = 0, ZT_MAX, ZT_MIN } zt_redop;
+
+/* Starts MPI (with thread support for the watchdog), wraps the world as
+ * `name` and starts the watchdog with timeout_s (the default until the
+ * run's script says otherwise). Returns 0; -1 when the watchdog cannot
+ * run (no MPI thread support: *why says so and the run goes on
+ * unwatched); -2 when the ranks did not all start (*why: 256 bytes). */
+int zt_comm_init(int *argc, char ***argv, zt_comm *world, const char *name,
+                 double timeout_s, char *why);
+/* Ends MPI: a watched barrier first, so that a rank that never arrives is
+ * reported instead of waited for inside MPI_Finalize. */
+void zt_comm_finalize(zt_comm *world);
+/* Ends every rank of the job now with exit code `code`. */
+void zt_comm_abort(int code) __attribute__((noreturn));
+
+/* Ranks on this node (sharing memory with this one), this rank's index
+ * among them, and the node's id (its lowest world rank); from zt_comm_init. */
+int zt_comm_node_size(void);
+int zt_comm_node_rank(void);
+int zt_comm_node_id(void);
+
 /* Wraps a communicator: `own` = the zt_comm frees it in zt_comm_free.
  * Every member must create its groups in the same order. */
 void zt_comm_wrap(zt_comm *c, const char *name, MPI_Comm mpi, int own);
 void zt_comm_free(zt_comm *c);
+
+/* Collective over parent, watched: *out becomes the group of the members
+ * that pass the same color, ordered by key; color < 0: this rank is in
+ * none (*out is empty, out->mpi MPI_COMM_NULL). Every rank consumes a
+ * group id, member or not, so ids stay equal across ranks. */
+void zt_comm_split(zt_comm *parent, const char *name, int color, int key, zt_comm *out);
+/* A private copy of c (its collectives never meet c's), watched. */
+void zt_comm_dup(zt_comm *c, const char *name, zt_comm *out);
+
+/* The largest tag point-to-point transfers may use. */
+int zt_comm_tag_ub(const zt_comm *c);
+
+/* In-place reduction of n elements of type t over the group. */
+void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op);
+void zt_comm_barrier(zt_comm *c);
+
+/* Every member learns the first failing member's status and message
+ * (rc: this member's), so all return alike and one can print it. */
+int zt_comm_agree(zt_comm *c, int rc, zt_err *e);
+
+/* A collective phase that MPI cannot watch (an HDF5 collective write):
+ * numbered on c like a collective, so that a report can tell which
+ * members have not reached it or are still in it; `what` names it. */
+void zt_comm_phase_begin(zt_comm *c, const char *what);
+void zt_comm_phase_end(zt_comm *c);
 
 /* Total bytes over all operations. */
 uint64_t zt_comm_total_bytes(const zt_comm *c);

@@ -29,7 +29,9 @@ typedef struct zt_ckpt_state {
   zt_model *m;
   zt_zero *z;
   zt_grid *grid;
-  int64_t *step;           /* optimizer steps taken */
+  int64_t *step;           /* steps taken (the data position is step * global_batch) */
+  int64_t *skipped;        /* of which skipped for non-finite values (may be NULL:
+                              none); the optimizer's clock is step - skipped */
   const char *plan_json;   /* the resolved plan */
   const char *script_text; /* the Lua script, for the record */
   int64_t global_batch;    /* samples per step: the data position is step * this */
@@ -47,10 +49,13 @@ int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e);
 typedef struct zt_ckpt_async {
   int active;
   pthread_t thread;
-  MPI_Comm comm;        /* the background save's own: its collectives never
+  pthread_mutex_t gate_lock;
+  pthread_cond_t gate;
+  int go;               /* 1: every rank's thread started, write; -1: give up */
+  zt_comm comm;         /* the background save's own: its collectives never
                            meet the training's */
   zt_ckpt_state s;
-  int64_t step;
+  int64_t step, skipped;
   char path[4096];
   float *snap, **pieces; /* host copy of this rank's pieces */
   void (*done)(struct zt_ckpt_async *a); /* after a successful write, on the thread */
@@ -75,5 +80,8 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e);
 /* The sum over elements i of XXH3_64bits_withSeed(&x[i], 4, first + i):
  * a per-tensor checksum that ranks holding different pieces can add up. */
 uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first);
+/* The same, adding the count of non-finite elements (NaN, inf) to
+ * *nonfinite in the same pass. */
+uint64_t zt_ckpt_checksum_count(const float *x, int64_t n, int64_t first, uint64_t *nonfinite);
 
 #endif

@@ -16,6 +16,20 @@ int zt_h5_write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t 
 /* 0 when obj has a scalar attribute `name` readable as mem_type. */
 int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *value);
 
+/* A fixed-length string attribute (as zt_h5_write_str_attr writes it),
+ * at most `max` bytes: malloc'ed into *out. 0 on success; -1 when absent
+ * or of another kind. */
+int zt_h5_read_str_attr(hid_t obj, const char *name, size_t max, char **out);
+
+/* What HDF5's error stack says went wrong, most telling part first (an
+ * operating-system or MPI-IO reason such as "No space left on device"
+ * when one is there); clears the stack. Returns buf (n bytes). */
+const char *zt_h5_error_reason(char *buf, size_t n);
+
+/* Bytes free to this user on the file system holding `path` (a folder),
+ * or -1 when unknown. */
+long long zt_fs_free_bytes(const char *path);
+
 /* fsync a file or folder by path; 0 on success. */
 int zt_fs_sync(const char *path);
 

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
-#include <mpi.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -83,15 +82,7 @@ typedef struct {
   zt_script_limits limits;
 } cli_args;
 
-/* Every rank learns the first failing rank's status and message, so all
- * exit alike and rank 0 can print the one message. */
-static int agree(zt_comm *world, int rc, zt_err *e) {
-  int mine = rc ? world->rank : world->size, first = mine;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world->mpi);
-  if (first == world->size) return ZT_OK;
-  MPI_Bcast(e, sizeof *e, MPI_BYTE, first, world->mpi);
-  return e->code;
-}
+static int agree(zt_comm *world, int rc, zt_err *e) { return zt_comm_agree(world, rc, e); }
 
 static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   static const struct option longopts[] = {
@@ -217,13 +208,8 @@ static int schedule_main(int argc, char **argv) {
  * among the ranks on it. */
 static void set_threads(void) {
   if (getenv("OMP_NUM_THREADS")) return;
-  MPI_Comm node;
-  int local = 1;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int n = (int)(cores / local);
+  int n = (int)(cores / zt_comm_node_size());
   omp_set_num_threads(n > 0 ? n : 1);
 }
 
@@ -311,9 +297,14 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_trainer tr = {0};
   zt_report rep = {0};
   zt_ckpt_async bg = {0};
-  int rank0 = world->rank == 0, grid_up = 0, watched = 0;
+  int rank0 = world->rank == 0, grid_up = 0;
 
-  int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &a->limits, e);
+  zt_watchdog_test_stop("start");
+  zt_script_limits lim = a->limits;
+  lim.quiet = world->rank != 0; /* one message, from the first rank */
+  int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
+  /* this rank knows the run's timeout now: the agreement below is watched by it */
+  if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
@@ -323,9 +314,6 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                         plan.model.seq, plan.model.vocab, e);
   rc = agree(world, rc, e);
   if (!rc) {
-    watched = zt_watchdog_start(plan.parallel.timeout) == 0;
-    if (!watched && rank0)
-      fprintf(stderr, "ztrain: warning: MPI without thread support: no hang watchdog\n");
     rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
     grid_up = !rc;
     if (!rc && grid.tp_spans_nodes && grid.tp_rank == 0)
@@ -349,7 +337,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   }
   rc = agree(world, rc, e);
   zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t,
-                      .plan_json = plan.json, .script_text = plan.script_text,
+                      .skipped = &tr.skipped, .plan_json = plan.json, .script_text = plan.script_text,
                       .global_batch = plan.train.global_batch, .samples = train_tok.samples,
                       .seed = plan.train.seed};
   if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
@@ -379,6 +367,9 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   if (!rc && rank0) print_banner(&plan, &model, &tr, &rep);
   while (!rc && tr.t < plan.train.steps) {
     zt_step_stats st;
+    char where[32];
+    snprintf(where, sizeof where, "step:%lld", (long long)tr.t + 1);
+    zt_watchdog_test_stop(where);
     rc = zt_trainer_step(&tr, &st, e); /* a failure is the same on every rank */
     st.state_bytes = tr.zero.state_bytes;
     st.buffer_bytes = tr.zero.buffer_bytes;
@@ -399,7 +390,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                             plan.ckpt.async && !stop ? &bg : NULL, path, sizeof path, e);
       if (!rc && stop && rank0)
         printf("ztrain: %s: checkpoint %s written at step %lld; stopping\n",
-               stop == SIGTERM ? "SIGTERM" : "SIGUSR1", path, (long long)tr.t);
+               stop == SIGTERM ? "SIGTERM" : stop == SIGUSR2 ? "SIGUSR2" : "SIGUSR1", path,
+               (long long)tr.t);
     }
     if (stop) break;
   }
@@ -416,7 +408,6 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_trainer_free(&tr);
   if (model.params) zt_model_free(&model);
   if (grid_up) zt_grid_free(&grid);
-  if (watched) zt_watchdog_stop();
   zt_tokens_close(&train_tok);
   zt_tokens_close(&val_tok);
   zt_plan_free(&plan);
@@ -435,22 +426,26 @@ int main(int argc, char **argv) {
            ZT_VERSION, zt_backend_cuda_devices());
     return 0;
   }
-  int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   zt_comm world;
-  zt_comm_wrap(&world, "cli", MPI_COMM_WORLD, 0);
+  char why[256] = "";
+  /* the default timeout watches start-up until the script gives its own */
+  int wrc = zt_comm_init(&argc, &argv, &world, "cli", ZT_WATCHDOG_DEFAULT_S, why);
+  if (wrc && world.rank == 0)
+    fprintf(stderr, "ztrain: %s: %s\n", wrc == -2 ? "error" : "warning: no hang watchdog", why);
+  if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0; /* every rank saw it; nothing more to say */
   if (!rc) {
     set_threads();
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
     rc = train_main(&a, &world, &e);
   }
-  if (rc && world.rank == 0) fprintf(stderr, "ztrain: error: %s\n", e.msg);
+  if (rc && world.rank == 0 && e.msg[0]) fprintf(stderr, "ztrain: error: %s\n", e.msg);
   for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);
   free(a.stmts);
-  zt_comm_free(&world);
-  MPI_Finalize();
+  if (wrc == -2) zt_comm_abort(1); /* the missing ranks never will */
+  zt_comm_finalize(&world);
   return rc;
 }

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "parallel/comm.h"
 #include "src/core/timer.h"
 
 struct zt_lua_module { const char *name; const char *src; size_t len; };
@@ -125,19 +126,11 @@ typedef struct backstop {
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t cv;
-  int done, running;
+  int done, running, quiet;
   struct timespec deadline; /* CLOCK_MONOTONIC */
   char msg[512];
 } backstop;
 
-static int first_rank(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-    const char *v = getenv(vars[i]);
-    if (v) return atoi(v) == 0;
-  }
-  return 1;
-}
 
 static void *backstop_main(void *arg) {
   backstop *bs = arg;
@@ -147,7 +140,7 @@ static void *backstop_main(void *arg) {
   int fire = !bs->done;
   pthread_mutex_unlock(&bs->lock);
   if (fire) {
-    if (first_rank()) {
+    if (!bs->quiet) {
       ssize_t w = write(STDERR_FILENO, bs->msg, strlen(bs->msg));
       (void)w;
     }
@@ -156,7 +149,8 @@ static void *backstop_main(void *arg) {
   return NULL;
 }
 
-static void backstop_start(backstop *bs, const char *script, double seconds) {
+static void backstop_start(backstop *bs, const char *script, double seconds, int quiet) {
+  bs->quiet = quiet;
   double grace = seconds < 5 ? seconds : 5, at;
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -465,19 +459,11 @@ static void memory_budget(zt_mem_budget *mb, int dp, int zero) {
                used / 0x1p30);
     }
   }
-  static const char *const counts[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                                       "SLURM_NTASKS_PER_NODE"};
-  int ranks = 1;
-  const char *from = NULL;
-  for (size_t i = 0; i < sizeof counts / sizeof counts[0] && !from; i++) {
-    const char *v = getenv(counts[i]);
-    long n = v ? strtol(v, NULL, 10) : 0;
-    if (n >= 1 && n <= INT_MAX) ranks = (int)n, from = counts[i];
-  }
+  int ranks = zt_comm_node_size(); /* the ranks sharing this node's memory */
   mb->avail = avail > 0 ? avail / ranks : 1; /* 0 would mean no check */
   if (ranks > 1)
-    snprintf(mb->source, sizeof mb->source, "%s %.2f GiB shared by %d ranks on this node, from %s",
-             what, avail / 0x1p30, ranks, from);
+    snprintf(mb->source, sizeof mb->source, "%s %.2f GiB shared by %d ranks on this node",
+             what, avail / 0x1p30, ranks);
   else
     snprintf(mb->source, sizeof mb->source, "%s", what);
   mb->dp = dp;
@@ -559,7 +545,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   lua_State *L = lua_newstate(budget_alloc, &budget);
   if (!L) return zt_err_set(e, ZT_ERUNTIME, "cannot create a Lua state");
   backstop bs;
-  backstop_start(&bs, script, seconds);
+  backstop_start(&bs, script, seconds, lim && lim->quiet);
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, HOOK_COUNT);
   luaL_openlibs(L);
   install_searcher(L);

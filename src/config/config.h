@@ -56,6 +56,7 @@ typedef struct zt_plan {
 typedef struct zt_script_limits {
   double seconds; /* wall-clock (--script-timeout) */
   double mib;     /* memory of the Lua state (--script-memory) */
+  int quiet;      /* not the rank that prints (the backstop's message) */
 } zt_script_limits;
 
 /* Runs `script` then each of `stmts` (Lua statements) in one state under

@@ -5,12 +5,17 @@
 #ifndef ZT_TENSOR_H
 #define ZT_TENSOR_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define ZT_MAX_DIMS 4
 #define ZT_NAME_MAX 64
 
-typedef enum { ZT_F32 = 0 } zt_dtype;
+/* Element types. Tensors are float32 today; the others are what
+ * collectives reduce (norms in double, flags and checksums in integers). */
+typedef enum { ZT_F32 = 0, ZT_F64, ZT_I32, ZT_I64, ZT_U64 } zt_dtype;
+
+static inline size_t zt_dtype_size(zt_dtype t) { return t == ZT_F32 || t == ZT_I32 ? 4 : 8; }
 
 /* A TP shard: dimension `dim` of the logical tensor is cut into `groups`
  * equal parts (1 for a plain slice; 3 for gpt's fused q,k,v rows) and each

@@ -202,11 +202,10 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
   m->Ns = m->sp ? N / m->tp_size : N;
   m->n0 = m->sp ? m->tp_rank * m->Ns : 0;
   if (m->kv_rep > 1) { /* ranks tp_rank / kv_rep share kv head tp_rank / kv_rep */
-    MPI_Comm kv;
-    MPI_Comm_split(tp->mpi, m->tp_rank / m->kv_rep, m->tp_rank, &kv);
     m->kv = malloc(sizeof *m->kv);
-    if (m->kv) zt_comm_wrap(m->kv, "tp.kv", kv, 1);
-    else MPI_Comm_free(&kv);
+    zt_comm scratch; /* the split is collective: join it even without memory */
+    zt_comm_split(tp, "tp.kv", m->tp_rank / m->kv_rep, m->tp_rank, m->kv ? m->kv : &scratch);
+    if (!m->kv) zt_comm_free(&scratch);
   }
   m->B = micro_batch;
   m->host_losses = malloc((size_t)micro_batch * cfg->seq * sizeof(float));

@@ -66,14 +66,13 @@ int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_
   p->mbs = s->microbatches;
   p->virt = s->stages * s->chunks;
   p->msg = (size_t)m->Ns * m->cfg.dim;
-  int *ub, flag = 0;
-  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  int ub = zt_comm_tag_ub(pp);
   long long tags = 2LL * p->virt * p->mbs;
-  if (flag && tags > *ub)
+  if (tags > ub)
     return zt_err_set(e, ZT_EINPUT,
                       "pipeline: %lld message tags needed (2 * %d virtual stages * %d "
                       "micro-batches) but this MPI allows %d; use fewer micro-batches per step",
-                      tags, p->virt, p->mbs, *ub);
+                      tags, p->virt, p->mbs, ub);
   size_t N = (size_t)m->B * m->cfg.seq;
   p->slot_of = malloc((size_t)p->mbs * p->chunks * sizeof *p->slot_of);
   p->free_slot = calloc((size_t)p->chunks, sizeof *p->free_slot);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A hang becomes a report: rank 1 skips the third collective of the world
+# A hang becomes a report: rank 1 skips the tenth collective of the world
 # group (a test hook); with parallel.timeout = 2 the job must end within a
 # minute, non-zero, with each stuck rank naming the operation, the sequence
 # number, the group and the rank that has not arrived. The same for a
@@ -18,7 +18,7 @@ data = {train = "tok.bin"}
 parallel = {timeout = 2}
 LUA
 start=$(date +%s)
-ZT_TEST_SKIP_COLLECTIVE="1:world:3" timeout 60 "$@" -x ZT_TEST_SKIP_COLLECTIVE -np 2 "$Z" run.lua \
+ZT_TEST_SKIP_COLLECTIVE="1:world:10" timeout 60 "$@" -x ZT_TEST_SKIP_COLLECTIVE -np 2 "$Z" run.lua \
   > out.txt 2> err.txt
 rc=$?
 took=$(( $(date +%s) - start ))
@@ -26,11 +26,11 @@ fail=0
 [ "$rc" != 0 ] && [ "$rc" != 124 ] || { echo "FAIL: exit code $rc (124 = hung until timeout)"; fail=1; }
 # Both ranks time out; the first abort may kill the other before it
 # prints, so one complete report, from either side, is the requirement.
-r0="ztrain: watchdog: rank 0: allreduce #3 on group world (2 ranks) has waited"
-r0b="rank 1 has not arrived: it is at #2 on world, waiting in allreduce #"
+r0="ztrain: watchdog: rank 0: allreduce #10 on group world (2 ranks) has waited"
+r0b="rank 1 has not arrived: it is at #9 on world, waiting in allreduce #"
 r1="ztrain: watchdog: rank 1: allreduce #"
 r1b="rank 0 has not arrived: it is at #"
-r1c="waiting in allreduce #3 on group world"
+r1c="waiting in allreduce #10 on group world"
 if grep -qF -- "$r0" err.txt && grep -qF -- "$r0b" err.txt; then :
 elif grep -qF -- "$r1" err.txt && grep -qF -- "$r1b" err.txt && grep -qF -- "$r1c" err.txt; then :
 else echo "FAIL: no complete watchdog report"; fail=1; fi
