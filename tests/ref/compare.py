@@ -123,7 +123,7 @@ def run(args) -> bool:
     print(f"{'step':>6} {'loss ztrain':>14} {'loss torch':>14} {'rel':>9}   "
           f"{'gnorm ztrain':>13} {'gnorm torch':>13} {'rel':>9}   {'lr rel':>9}")
     for i, row in enumerate(metrics):
-        res = ztorch.train_step(model, opt, data, plan["train"], start + i)
+        res = ztorch.train_step(model, opt, data, plan["train"], start + i, init.skipped)
         loss = metric(row, "loss")
         loss_rel = rel(loss, res.loss)
         bad = not loss_rel <= args.loss_rtol  # written so that NaN fails

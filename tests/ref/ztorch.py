@@ -38,6 +38,9 @@ class Checkpoint:
     # None when the file has no /optim group (e.g. a freshly initialised model).
     exp_avg: Optional[Dict[str, np.ndarray]]
     exp_avg_sq: Optional[Dict[str, np.ndarray]]
+    # Steps skipped for non-finite values before this one: the optimizer's
+    # clock (AdamW's bias correction, the LR schedule) is step - skipped.
+    skipped: int = 0
 
 
 def _attr_str(value) -> str:
@@ -70,6 +73,8 @@ def read_checkpoint(path: str) -> Checkpoint:
             raise ValueError(f"{path}: missing 'plan' or 'step' attribute")
         plan = json.loads(_attr_str(f.attrs["plan"]))
         step = int(f.attrs["step"])
+        state = json.loads(_attr_str(f.attrs["state"])) if "state" in f.attrs else {}
+        skipped = int(state.get("skipped_steps", 0))
         if "model" not in f:
             raise ValueError(f"{path}: no /model group")
         model = _read_group(f["model"])
@@ -77,7 +82,7 @@ def read_checkpoint(path: str) -> Checkpoint:
         if "optim" in f:
             exp_avg = _read_group(f["optim/exp_avg"])
             exp_avg_sq = _read_group(f["optim/exp_avg_sq"])
-    return Checkpoint(plan, step, model, exp_avg, exp_avg_sq)
+    return Checkpoint(plan, step, model, exp_avg, exp_avg_sq, skipped)
 
 
 # --------------------------------------------------------------------------
@@ -417,7 +422,7 @@ def load_optimizer_state(opt: torch.optim.AdamW, model: nn.Module, ckpt: Checkpo
             raise ValueError(f"/optim/{group_name} does not match the model:\n  " + "\n  ".join(problems))
     for name, p in model.named_parameters():
         opt.state[p] = {
-            "step": torch.tensor(float(ckpt.step)),
+            "step": torch.tensor(float(ckpt.step - ckpt.skipped)),
             "exp_avg": torch.from_numpy(ckpt.exp_avg[name].copy()),
             "exp_avg_sq": torch.from_numpy(ckpt.exp_avg_sq[name].copy()),
         }
@@ -430,8 +435,10 @@ class StepResult:
     lr: float
 
 
-def train_step(model: Transformer, opt: torch.optim.AdamW, data: TokenData, train_plan: dict, step: int) -> StepResult:
-    """Optimizer step `step` (0-based) exactly as ztrain does it."""
+def train_step(model: Transformer, opt: torch.optim.AdamW, data: TokenData, train_plan: dict, step: int,
+               skipped: int = 0) -> StepResult:
+    """Optimizer step `step` (0-based, the global batch) exactly as ztrain does it,
+    after `skipped` skipped steps (the LR schedule counts applied updates)."""
     G, B = int(train_plan["global_batch"]), int(train_plan["micro_batch"])
     if G % B:
         raise ValueError(f"global_batch {G} is not a multiple of micro_batch {B}")
@@ -451,7 +458,7 @@ def train_step(model: Transformer, opt: torch.optim.AdamW, data: TokenData, trai
     # scale factor clamps to exactly 1.0, i.e. no clipping.
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf).item()
 
-    lr = lr_at(train_plan["lr"], step)
+    lr = lr_at(train_plan["lr"], step - skipped)
     for group in opt.param_groups:
         group["lr"] = lr
     opt.step()
