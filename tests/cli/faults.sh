@@ -134,10 +134,11 @@ resume_and_compare() {
     { bad "resumed run differs from the uninterrupted one: $(echo "$n" | tail -1)"; return 1; }
 }
 
-# Waits (up to 5 s) until the job's ranks run; sets PIDS and UP (a time).
+# Waits (up to 30 s: 8 ranks start slowly on a busy machine) until the
+# job's ranks run; sets PIDS and UP (a time).
 ranks_up() {
   PIDS=()
-  for t in $(seq 50); do
+  for t in $(seq 300); do
     PIDS=($(pgrep -f "^$Z $W/run.lua"))
     [ ${#PIDS[@]} = "$np" ] && break
     sleep 0.1
@@ -204,8 +205,8 @@ for attempt in $(seq 10); do
   victim=${PIDS[$((RANDOM % (${#PIDS[@]} > 0 ? ${#PIDS[@]} : 1)))]:-}
   t_kill=$(date +%s.%N)
   if [ -z "$victim" ] || ! kill -9 "$victim" 2>/dev/null; then
-    finish_run 60
-    note "$case: the run ended before the kill; not counted"
+    finish_run 120
+    note "$case: the run ended before the kill (${ms} ms into a ${span_ms} ms run); not counted"
     continue
   fi
   killed=$((killed + 1))

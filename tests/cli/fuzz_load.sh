@@ -41,9 +41,10 @@
 # separate code: each must be refused (exit 2).
 #
 # Part 2: zreshard and checkpoint folders. Every file above goes through
-# `zreshard info`, `export` and `convert` (for half of them one of the
-# three, in turn, by zreshard_asan; the rest by the plain zreshard, which
-# takes a sixth of the time), and so do 56 copies of
+# `zreshard info`, `export` and `convert` (files of the old layout by
+# zreshard_asan only, as in part 1; of the current layout, for half of them
+# one of the three, in turn, by zreshard_asan, the rest by the plain
+# zreshard, which takes a sixth of the time), and so do 56 copies of
 # the valid file with a hostile plan, topology or state attribute (not
 # JSON, nested 3000 to 50000 deep, numbers past int64 or int32, negative,
 # fractional, of the wrong type, sections missing, a layout the model
@@ -588,8 +589,14 @@ def resume(name):
 # ---- run everything ---------------------------------------------------------
 jobs = []  # (key, fn, args)
 for k, name in enumerate(names):
-    for i, cmd in enumerate(CMDS):  # ASan: one command, in turn, of half the files (both layouts)
-        asan = i == k % 3 and k % 4 < 2
+    # the current layout (even damaged files): HDF5 checks their metadata's
+    # checksums, so the plain zreshard may read them, and ASan one command in
+    # turn of half of them; the old layout (odd ones, the crafted files):
+    # only ASan's build, whose heap differs, since in that layout about 1 in
+    # 300 damaged files crashes the plain build inside HDF5's decoders
+    current = re.fullmatch(r"d\d+\.h5", name) and int(name[1:-3]) % 2 == 0
+    for i, cmd in enumerate(CMDS):
+        asan = not current or (i == k % 3 and k % 4 < 2)
         jobs.append((("f", name, cmd), zr, ("f/" + name, cmd, asan, "%s.%s" % (name, cmd))))
 for k, (name, _, _, _) in enumerate(hostile):
     for i, cmd in enumerate(CMDS):
