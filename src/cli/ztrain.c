@@ -69,10 +69,14 @@ static const char usage[] =
     "ztrain's token file format; --val writes the last --val-fraction\n"
     "(default 0.1) of the text to a second file.\n"
     "\n"
-    "SIGTERM or SIGUSR1 (Slurm's warning signal) writes a checkpoint into\n"
-    "checkpoint.dir at the end of the current step, then ends the run (exit 0).\n"
+    "SIGUSR1, SIGUSR2 or SIGTERM writes a checkpoint into checkpoint.dir at\n"
+    "the end of the current step, then ends the run (exit 0). Under mpirun send\n"
+    "SIGUSR1 to mpirun (it forwards it; it turns SIGTERM into an abort); under\n"
+    "Slurm use --signal=USR1@SECONDS (docs/checkpoint-format.md).\n"
     "\n"
-    "Exit status: 0 success, 1 runtime failure, 2 bad input.\n"
+    "Exit status: 0 success (also after a signal's checkpoint), 1 runtime\n"
+    "failure (a failed save, a hang reported by the watchdog, too many\n"
+    "non-finite steps), 2 bad input.\n"
     "Documentation: docs/ (script keys: docs/script.md).\n";
 
 typedef struct {
@@ -213,7 +217,7 @@ static void set_threads(void) {
   omp_set_num_threads(n > 0 ? n : 1);
 }
 
-/* SIGTERM / SIGUSR1: finish the step, checkpoint, stop. */
+/* SIGTERM / SIGUSR1 / SIGUSR2: finish the step, checkpoint, stop. */
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig) { stop_signal = sig; }
