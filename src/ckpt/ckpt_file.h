@@ -179,9 +179,10 @@ void zt_ckpt_record_free(zt_ckpt_record *r);
 void zt_ckpt_shape_str(char *buf, size_t n, int ndim, const int64_t *d);
 
 /* Checksum contribution of a box (start, count) of tensor t whose values,
- * row-major, are x. */
+ * row-major, are x; adds the box's count of non-finite values to
+ * *nonfinite (may be NULL) in the same pass. */
 uint64_t zt_ckpt_file_box_checksum(const zt_ckpt_tensor *t, const int64_t *start,
-                                   const int64_t *count, const float *x);
+                                   const int64_t *count, const float *x, uint64_t *nonfinite);
 
 /* float32 -> bfloat16, round to nearest, ties to even; NaN stays NaN. */
 uint16_t zt_bf16_from_f32(float x);

@@ -111,7 +111,7 @@ static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_ten
         cv->half[i] = zt_bf16_from_f32(cv->buf[i]);
         cv->buf[i] = zt_bf16_to_f32(cv->half[i]);
       }
-      out_sum += zt_ckpt_file_box_checksum(src, start, count, cv->buf);
+      out_sum += zt_ckpt_file_box_checksum(src, start, count, cv->buf, NULL);
     }
     hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(nd, hn, NULL);
     bad = fs < 0 || ms < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, hs, NULL, hn, NULL) < 0 ||
