@@ -85,15 +85,16 @@ no_orphans() {
   fi
 }
 
+# Whole seconds from time A to time B (seconds since the epoch, fractional).
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%d", b - a }'; }
+
 # Seconds from the first stderr line matching $1 (or from $2, a time) to END.
 took_since() {
   local t
   t=$(grep -m1 -- "$1" "$DIR/err.txt" | cut -d' ' -f1)
   [ -z "$t" ] && t=${2:-}
   [ -z "$t" ] && { echo 999; return; }
-  local d
-  d=$(echo "$END - $t" | bc | cut -d. -f1)
-  echo "${d:-0}" # bc writes .5 for 0.5
+  secs "$t" "$END"
 }
 
 record_exit() {
@@ -152,7 +153,7 @@ DIR=$W/ref
 start_run "$DIR" -- --save final.h5
 ranks_up
 finish_run 300
-span_ms=$(echo "($END - $UP) * 1000" | bc | cut -d. -f1) # how long its ranks ran
+span_ms=$(awk -v a="$UP" -v b="$END" 'BEGIN { printf "%d", (b - a) * 1000 }') # how long its ranks ran
 [ "$RC" = 0 ] || { bad "exit $RC"; sed 's/^/    /' "$DIR/err.txt" | head; exit 1; }
 ckpt_bytes=$(stat -c %s "$DIR/ck/$(cat "$DIR/ck/latest")")
 
@@ -211,8 +212,7 @@ for attempt in $(seq 10); do
   fi
   killed=$((killed + 1))
   finish_run 120
-  took=$(echo "$END - $t_kill" | bc | cut -d. -f1)
-  took=${took:-0}
+  took=$(secs "$t_kill" "$END")
   if [ "$RC" = 0 ]; then bad "exit 0 after a rank was killed"
   elif record_exit "$took" && no_orphans; then
     note "$case: pid $victim killed ${ms} ms into a ${span_ms} ms run ($(ls "$DIR/ck" 2>/dev/null | grep -c step) checkpoints there), ended after ${took}s"
