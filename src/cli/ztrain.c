@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kernels/cpu/gemm_path.h"
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
@@ -73,6 +74,16 @@ static const char usage[] =
     "the end of the current step, then ends the run (exit 0). Under mpirun send\n"
     "SIGUSR1 to mpirun (it forwards it; it turns SIGTERM into an abort); under\n"
     "Slurm use --signal=USR1@SECONDS (docs/checkpoint-format.md).\n"
+    "\n"
+    "GEMM kernels: float GEMMs run on oneDNN's sgemm where ztrain is built with\n"
+    "it, else on OpenBLAS's kernels for this CPU's vector ISA (cpuid), whatever\n"
+    "OpenBLAS detects; both pass a self-check at start-up. OPENBLAS_CORETYPE,\n"
+    "when set, keeps them on those OpenBLAS kernels (with a warning if the CPU\n"
+    "can do better). The banner's GEMM line\n"
+    "names the kernels, their rate measured at start-up and the CPU's peak:\n"
+    "threads x clock x FLOPs per cycle. MFU is measured against that peak, or\n"
+    "against the measured rate where it is higher, so it never exceeds 100%;\n"
+    "train.peak_gflops overrides both.\n"
     "\n"
     "Exit status: 0 success (also after a signal's checkpoint), 1 runtime\n"
     "failure (a failed save, a hang reported by the watchdog, too many\n"
@@ -265,10 +276,11 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
          omp_get_max_threads(), z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
          (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
-         p->train.peak_gflops > 0 ? "train.peak_gflops"
-         : rep->peak_flops > 0    ? "measured SGEMM"
-                                  : "not measured: log_every = 0");
-  fflush(stdout);
+         p->train.peak_gflops > 0            ? "train.peak_gflops"
+         : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
+         : rep->gemm.cpu > 0                  ? "the CPU peak below"
+                                              : "not measured: log_every = 0");
+  zt_report_print_gemm(&rep->gemm, stdout);
 }
 
 /* Every rank writes its part of the trace next to PATH; rank 0 joins
@@ -353,11 +365,13 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
              *used ? used : plan.ckpt.dir, (long long)tr.t);
   }
   if (!rc) {
-    double peak = plan.train.peak_gflops;
-    if (peak <= 0 && rank0 && plan.train.log_every > 0) peak = zt_report_measure_peak_gflops(be);
+    zt_peak pk;
+    zt_report_peak(be, rank0 && plan.train.log_every > 0, &pk);
+    double peak = plan.train.peak_gflops > 0 ? plan.train.peak_gflops : zt_report_peak_gflops(&pk);
     rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, tr.t, plan.train.steps,
                         zt_model_flops_per_token(&model) / (plan.parallel.tp * plan.parallel.pp),
                         peak, e);
+    rep.gemm = pk;
   }
   rc = agree(world, rc, e);
   double trace_origin = zt_timer_now(); /* just after agree's collective: about the same moment everywhere */
@@ -423,11 +437,26 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "schedule")) return schedule_main(argc, argv);
   cli_args a;
   zt_err e = {0};
+  /* getopt reorders argv; a restart with other GEMM kernels gets it as given */
+  char **argv_given = malloc(((size_t)argc + 1) * sizeof *argv_given);
+  if (argv_given) memcpy(argv_given, argv, ((size_t)argc + 1) * sizeof *argv_given);
   int rc = parse_args(argc, argv, &a, &e);
   if (rc == 'h') { fputs(usage, stdout); return 0; }
+  /* before anything uses BLAS and before MPI starts: may restart the program */
+  char gemm_why[512];
+  if (zt_cpu_gemm_select(argv_given ? argv_given : argv, gemm_why, sizeof gemm_why)) {
+    fprintf(stderr, "ztrain: error: %s\n", gemm_why);
+    return ZT_ERUNTIME;
+  }
+  free(argv_given);
   if (rc == 'V') {
-    printf("ztrain %s (CPU backend: OpenBLAS + OpenMP; CUDA devices visible: %d)\n",
-           ZT_VERSION, zt_backend_cuda_devices());
+    char gemm[256], other[320];
+    zt_cpu_gemm_describe(gemm, sizeof gemm, other, sizeof other);
+    printf("ztrain %s (CPU backend: BLAS + OpenMP; CUDA devices visible: %d)\nGEMM: %s%s%s\n",
+           ZT_VERSION, zt_backend_cuda_devices(), gemm, other[0] ? "; " : "", other);
+    for (size_t i = 0; i < sizeof zt_cpu_gemm_path()->warning / sizeof *zt_cpu_gemm_path()->warning; i++)
+      if (zt_cpu_gemm_path()->warning[i][0])
+        fprintf(stderr, "ztrain: warning: %s\n", zt_cpu_gemm_path()->warning[i]);
     return 0;
   }
   zt_comm world;

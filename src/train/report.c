@@ -1,12 +1,18 @@
 /* report: see report.h. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "src/train/report.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "kernels/cpu/gemm_path.h"
 #include "src/core/timer.h"
 
 int zt_report_open(zt_report *r, int active, const char *metrics_path,
@@ -142,4 +148,125 @@ double zt_report_measure_peak_gflops(const zt_backend *be) {
   be->free(b);
   be->free(c);
   return best / 1e9;
+}
+
+/* The clock for the CPU's peak, in GHz. The peak must bound what the
+ * vector units can do, so the highest clock the system states wins:
+ * cpufreq's maximum (turbo included) where the kernel exposes it; else
+ * the larger of the nominal clock in the model name ("@ 2.80GHz",
+ * Intel's; all a VM usually shows) and /proc/cpuinfo's "cpu MHz" (the
+ * current clock; AMD's names carry none). Not measured: a timing loop costs start-up time and
+ * reads low exactly when the cores are busy, which is one of the things
+ * the peak is there to reveal. A clock above the stated one (turbo in a
+ * VM) shows as a measured rate above the peak, and then the measured
+ * rate is the peak. */
+static double cpu_clock_ghz(const char **from) {
+  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
+  double khz = 0;
+  if (f) {
+    if (fscanf(f, "%lf", &khz) != 1) khz = 0;
+    fclose(f);
+    if (khz > 0) {
+      *from = "cpufreq maximum";
+      return khz / 1e6;
+    }
+  }
+  double named = 0, mhz = 0;
+  char line[512];
+  f = fopen("/proc/cpuinfo", "r");
+  while (f && fgets(line, sizeof line, f) && !(named > 0 && mhz > 0)) {
+    if (!strncmp(line, "model name", 10) && named <= 0) {
+      const char *at = strrchr(line, '@');
+      if (at) named = strtod(at + 1, NULL);
+      if (!strstr(line, "GHz")) named = 0;
+    } else if (!strncmp(line, "cpu MHz", 7) && mhz <= 0) {
+      const char *c = strchr(line, ':');
+      if (c) mhz = strtod(c + 1, NULL);
+    }
+  }
+  if (f) fclose(f);
+  if (named > 0 && named >= mhz / 1e3) {
+    *from = "nominal, in the model name";
+    return named;
+  }
+  *from = "/proc/cpuinfo cpu MHz";
+  return mhz / 1e3;
+}
+
+static int cores_here(void) {
+  cpu_set_t set;
+  if (!sched_getaffinity(0, sizeof set, &set)) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static double cpu_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+void zt_report_peak(const zt_backend *be, int measure, zt_peak *pk) {
+  memset(pk, 0, sizeof *pk);
+  const zt_gemm_path *gp = zt_cpu_gemm_path();
+  pk->threads = omp_get_max_threads();
+  pk->cores = cores_here();
+  pk->flops_per_cycle = gp->flops_per_cycle;
+  pk->ghz = cpu_clock_ghz(&pk->clock_from);
+  /* threads beyond the cores add no FLOPs */
+  int used = pk->threads < pk->cores ? pk->threads : pk->cores;
+  pk->cpu = used * pk->ghz * pk->flops_per_cycle;
+  if (!measure) return;
+  double w0 = zt_timer_now(), c0 = cpu_seconds();
+  pk->measured = zt_report_measure_peak_gflops(be);
+  double wall = zt_timer_now() - w0, cpu = cpu_seconds() - c0;
+  pk->cpu_share = wall > 0 ? cpu / (wall * pk->threads) : 0;
+  /* A third: wrong kernels or shared cores give a fraction of that (SSE
+   * kernels on AVX-512: an eighth), while a part with one FMA unit where
+   * two are assumed, or a clock somewhat below the stated one, stays
+   * above it. */
+  if (pk->cpu <= 0 || pk->measured >= pk->cpu / 3) return;
+  char why[400] = "";
+  size_t k = 0;
+  if (gp->gemm_isa != ZT_ISA_UNKNOWN && gp->gemm_isa < gp->cpu_isa)
+    k += (size_t)snprintf(why + k, sizeof why - k, "; the GEMM kernels (%s, %s) are below the CPU's ISA (%s)",
+                          gp->onednn ? gp->onednn_lib : gp->core, zt_cpu_isa_name(gp->gemm_isa),
+                          zt_cpu_isa_name(gp->cpu_isa));
+  if (k < sizeof why && pk->threads > pk->cores)
+    k += (size_t)snprintf(why + k, sizeof why - k, "; more threads (%d) than cores (%d)", pk->threads, pk->cores);
+  if (k < sizeof why && pk->cpu_share < 0.75)
+    k += (size_t)snprintf(why + k, sizeof why - k,
+                          "; the cores are busy with other work (the probe's threads got %.0f%% of them)",
+                          100 * pk->cpu_share);
+  if (!why[0])
+    snprintf(why, sizeof why, "; cause not found (a clock below %.2f GHz from power or thermal "
+             "limits, or a BLAS slow on this CPU?)", pk->ghz);
+  snprintf(pk->warning, sizeof pk->warning, "GEMM runs at %.0f GFLOP/s per rank, %.0f%% of the "
+           "CPU's peak %.0f:%s", pk->measured, 100 * pk->measured / pk->cpu, pk->cpu, why + 1);
+}
+
+double zt_report_peak_gflops(const zt_peak *pk) {
+  return pk->measured > pk->cpu ? pk->measured : pk->cpu;
+}
+
+void zt_report_print_gemm(const zt_peak *pk, FILE *out) {
+  char desc[256], other[320];
+  zt_cpu_gemm_describe(desc, sizeof desc, other, sizeof other);
+  fprintf(out, "GEMM: %s", desc);
+  if (pk->measured > 0) fprintf(out, ", %.0f GFLOP/s per rank measured", pk->measured);
+  if (pk->cpu > 0)
+    fprintf(out, ", CPU peak %.0f (%d thread%s x %.2f GHz x %d FLOP/cycle of %s; clock: %s)",
+            pk->cpu, pk->threads < pk->cores ? pk->threads : pk->cores,
+            (pk->threads < pk->cores ? pk->threads : pk->cores) > 1 ? "s" : "", pk->ghz,
+            pk->flops_per_cycle, zt_cpu_isa_name(zt_cpu_gemm_path()->cpu_isa), pk->clock_from);
+  else
+    fprintf(out, ", CPU peak unknown (no clock or ISA found)");
+  if (other[0]) fprintf(out, "; %s", other);
+  fputc('\n', out);
+  fflush(out);
+  const zt_gemm_path *gp = zt_cpu_gemm_path();
+  for (size_t i = 0; i < sizeof gp->warning / sizeof *gp->warning; i++)
+    if (gp->warning[i][0]) fprintf(stderr, "ztrain: warning: %s\n", gp->warning[i]);
+  if (pk->warning[0]) fprintf(stderr, "ztrain: warning: %s\n", pk->warning);
+  fflush(stderr);
 }

@@ -13,6 +13,19 @@
 #include "src/core/err.h"
 #include "src/train/trainer.h"
 
+/* The GEMM rate against what the CPU's vector units allow: the banner's
+ * GEMM line and MFU's denominator. */
+typedef struct zt_peak {
+  double measured;    /* GFLOP/s of the start-up SGEMM probe; 0 = not run */
+  double cpu;         /* threads x clock x FLOPs per cycle; 0 = unknown */
+  int threads, cores; /* the probe's threads; cores this process may use */
+  double ghz;         /* the clock in cpu, and where it came from */
+  const char *clock_from;
+  int flops_per_cycle;
+  double cpu_share;   /* CPU time the probe got / (wall time x threads) */
+  char warning[640];  /* "" or: the rate is far below cpu, and why */
+} zt_peak;
+
 typedef struct zt_report {
   int active;         /* this rank prints */
   FILE *metrics;      /* JSON Lines, or NULL */
@@ -21,6 +34,7 @@ typedef struct zt_report {
   int64_t total_steps, first_step;
   double flops_per_token, peak_flops;
   double t_start, tokens_done;
+  zt_peak gemm;       /* set by the caller after zt_report_open */
 } zt_report;
 
 int zt_report_open(zt_report *r, int active, const char *metrics_path,
@@ -30,8 +44,20 @@ void zt_report_step(zt_report *r, const zt_step_stats *st);
 void zt_report_eval(zt_report *r, int64_t step, double val_loss);
 void zt_report_close(zt_report *r);
 
-/* Best of a few large SGEMMs on the backend, in GFLOP/s: the peak that MFU
- * is measured against when the script does not configure one. */
+/* Best of a few large SGEMMs on the backend, in GFLOP/s. */
 double zt_report_measure_peak_gflops(const zt_backend *be);
+
+/* The CPU's theoretical peak for this process's threads and, with
+ * measure, the probe's rate and a warning when it is far below the peak. */
+void zt_report_peak(const zt_backend *be, int measure, zt_peak *pk);
+
+/* MFU's denominator: the theoretical peak, never below the measured rate
+ * (so MFU cannot exceed 100%); the measured rate where the clock is
+ * unknown. */
+double zt_report_peak_gflops(const zt_peak *pk);
+
+/* "GEMM: <path>, N GFLOP/s per rank measured, CPU peak P (...)" on out,
+ * and the path's and the rate's warnings on stderr. */
+void zt_report_print_gemm(const zt_peak *pk, FILE *out);
 
 #endif
