@@ -346,10 +346,11 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_pipe_stage_free(&stage);
   rc = agree(world, rc, e);
   if (!rc) {
-    zt_model_init_weights(&model, plan.train.seed);
-    rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
-                         &plan.pipeline.schedule, &train_tok,
-                         plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
+    rc = zt_model_init_weights(&model, plan.train.seed, e);
+    if (!rc)
+      rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
+                           &plan.pipeline.schedule, &train_tok,
+                           plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
   }
   rc = agree(world, rc, e);
   zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t,

@@ -241,8 +241,9 @@ void zt_model_free(zt_model *m);
 
 /* Initial values from the counter-based RNG keyed by (seed, tensor name,
  * logical element index): independent of topology, so every shard holds
- * exactly the values of its part of the tp = 1 model. */
-void zt_model_init_weights(zt_model *m, uint64_t seed);
+ * exactly the values of its part of the tp = 1 model. ZT_OK, or ZT_ERUNTIME
+ * when out of memory. */
+int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e);
 
 /* Runs one micro-batch through the whole model (pp = 1): tokens/targets
  * are host arrays [B*T]. Returns the sum of per-token losses (the same on

@@ -217,25 +217,101 @@ int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
   return ZT_OK;
 }
 
-void zt_model_init_weights(zt_model *m, uint64_t seed) {
-  int64_t max = 0;
-  for (int i = 0; i < m->n_params; i++)
-    if (m->params[i].t.numel > max) max = m->params[i].t.numel;
-  float *host = malloc((size_t)max * sizeof *host);
-  for (int i = 0; i < m->n_params; i++) {
-    const zt_param *p = &m->params[i];
-    if (!p->here) continue;
-    uint64_t key = zt_rng_key(seed, p->t.name);
-    /* each element depends only on its logical index: any thread order and
-     * any TP cut give the same values */
-#pragma omp parallel for
-    for (int64_t j = 0; j < p->t.numel; j++)
-      host[j] = p->init == ZT_INIT_ONES    ? 1.0f
-                : p->init == ZT_INIT_ZEROS ? 0.0f
-                : p->std * zt_rng_normal(key, (uint64_t)zt_shard_global_index(&p->t, j));
-    m->be->upload(m->w + p->t.offset, host, (size_t)p->t.numel * sizeof *host);
+/* Initialisation is cut into chunks of a tensor's local elements, each
+ * generated into a thread's cache-sized buffer and uploaded from there:
+ * the threads share the work however many there are, and no host copy
+ * of the largest tensor is needed. */
+enum { INIT_CHUNK = 16384 };
+
+typedef struct { int64_t local, global, n; } init_run;
+typedef struct { init_run *r; int64_t n; } init_runs;
+
+static void count_run(void *ctx, int64_t local, int64_t global, int64_t n) {
+  (void)local, (void)global, (void)n;
+  ((init_runs *)ctx)->n++;
+}
+
+static void keep_run(void *ctx, int64_t local, int64_t global, int64_t n) {
+  init_runs *rs = ctx;
+  rs->r[rs->n++] = (init_run){local, global, n};
+}
+
+/* Elements [lo, hi) of p's local piece into buf. Values depend only on
+ * logical indices (the runs map local to logical ones), so any chunking,
+ * thread count and TP cut give the same bits. Without a run table
+ * (out of memory) each element is a run of its own: slower, same values. */
+static void init_chunk(const zt_param *p, uint64_t key, const init_run *r, int64_t nr,
+                       int64_t lo, int64_t hi, float *buf) {
+  if (p->init != ZT_INIT_NORMAL) {
+    float v = p->init == ZT_INIT_ONES ? 1.0f : 0.0f;
+    for (int64_t j = lo; j < hi; j++) buf[j - lo] = v;
+    return;
   }
-  free(host);
+  if (!r) {
+    for (int64_t j = lo; j < hi; j++)
+      zt_rng_normal_fill(key, (uint64_t)zt_shard_global_index(&p->t, j), 1, p->std, buf + (j - lo));
+    return;
+  }
+  int64_t a = 0, b = nr; /* the last run starting at or before lo */
+  while (b - a > 1) {
+    int64_t mid = a + (b - a) / 2;
+    if (r[mid].local <= lo) a = mid; else b = mid;
+  }
+  for (int64_t k = a, j = lo; j < hi; k++) {
+    int64_t skip = j - r[k].local, n = r[k].n - skip;
+    if (n > hi - j) n = hi - j;
+    zt_rng_normal_fill(key, (uint64_t)(r[k].global + skip), n, p->std, buf + (j - lo));
+    j += n;
+  }
+}
+
+int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e) {
+  int np = m->n_params;
+  int64_t *first_chunk = malloc((size_t)(np + 1) * sizeof *first_chunk);
+  int64_t *first_run = malloc((size_t)(np + 1) * sizeof *first_run);
+  uint64_t *keys = malloc((size_t)(np > 0 ? np : 1) * sizeof *keys);
+  if (!first_chunk || !first_run || !keys) {
+    free(first_chunk), free(first_run), free(keys);
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory initialising the weights");
+  }
+  init_runs all = {0};
+  first_chunk[0] = first_run[0] = 0;
+  for (int i = 0; i < np; i++) {
+    const zt_param *p = &m->params[i];
+    int64_t n = p->here ? p->t.numel : 0;
+    init_runs c = {0};
+    if (n && p->init == ZT_INIT_NORMAL) zt_shard_runs(&p->t, &c, count_run);
+    first_chunk[i + 1] = first_chunk[i] + (n + INIT_CHUNK - 1) / INIT_CHUNK;
+    first_run[i + 1] = first_run[i] + c.n;
+    keys[i] = zt_rng_key(seed, p->t.name);
+  }
+  all.r = malloc((size_t)(first_run[np] > 0 ? first_run[np] : 1) * sizeof *all.r);
+  for (int i = 0; all.r && i < np; i++)
+    if (first_run[i + 1] > first_run[i]) zt_shard_runs(&m->params[i].t, &all, keep_run);
+
+  int64_t chunks = first_chunk[np];
+#pragma omp parallel
+  {
+    float buf[INIT_CHUNK];
+    int i = 0;
+    /* dynamic: a thread that another process slows down takes fewer */
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t c = 0; c < chunks; c++) {
+      while (first_chunk[i + 1] <= c) i++; /* chunks come in increasing order per thread */
+      while (first_chunk[i] > c) i--;
+      const zt_param *p = &m->params[i];
+      int64_t lo = (c - first_chunk[i]) * INIT_CHUNK;
+      int64_t hi = lo + INIT_CHUNK < p->t.numel ? lo + INIT_CHUNK : p->t.numel;
+      init_chunk(p, keys[i], all.r ? all.r + first_run[i] : NULL, first_run[i + 1] - first_run[i],
+                 lo, hi, buf);
+      m->be->upload(m->w + p->t.offset + lo, buf, (size_t)(hi - lo) * sizeof *buf);
+    }
+  }
+  free(all.r);
+  free(keys);
+  free(first_run);
+  free(first_chunk);
+  return ZT_OK;
 }
 
 int zt_model_find(const zt_model *m, const char *name) {

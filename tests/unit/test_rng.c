@@ -2,9 +2,13 @@
  * against Random123's published known-answer vectors (directly where our
  * counter packing can express the vector, otherwise through an independent
  * textbook implementation that is itself checked against all of them);
- * statistics of zt_rng_normal and zt_rng_below with tolerances of 5 standard
- * errors; and determinism: a value depends on (seed, stream name, index)
- * only, and distinct names give distinct streams. */
+ * the normals against the same Box-Muller computed in long double with
+ * libm; their distribution (moments, tail fractions, Kolmogorov-Smirnov
+ * against the exact normal) and that of zt_rng_below, within 5 standard
+ * errors; determinism: a value depends on (seed, stream name, index) only,
+ * and distinct names give distinct streams; the batch fill equals single
+ * draws bit for bit; and model initialisation gives the same bits for any
+ * thread count and any cut of a tensor. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,9 +16,14 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "src/core/rng.h"
+#include "src/model/model.h"
 
 /* Random123 tests/kat_vectors, "philox4x32 10": counter[4], key[2],
  * expected[4]. Only the first has counter words 2 and 3 zero, which is all
@@ -97,35 +106,111 @@ static void test_philox_kat(void **state) {
   }
 }
 
-/* 1e5 standard normals: mean (se 1/sqrt(n)), variance (se sqrt(2/n)),
- * P(|x| < 1) = 0.6827 (se sqrt(p(1-p)/n)), and no correlation between
- * neighbouring indices (se 1/sqrt(n)): each within 5 standard errors. */
-static void test_normal_moments(void **state) {
+/* The normals are Box-Muller on the Philox words of counter i / 2: cos
+ * for even i, sin for odd. Recomputed here with libm in long double (64-bit
+ * mantissa) from the words of the reference Philox, the float result must
+ * be that value rounded, or its neighbour when the exact value lies within
+ * rounding noise of the midpoint between two floats: rng.c's own log, cos
+ * and sin are good to about a double ulp. Counts both and bounds the
+ * second. Also pins the values down: a change of the formula fails here. */
+static void test_normal_reference(void **state) {
   (void)state;
-  enum { n = 100000 };
-  uint64_t key = zt_rng_key(1234, "test.normal");
-  double sum = 0, sq = 0, inside = 0, lag = 0, prev = zt_rng_normal(key, 0);
-  double lo = INFINITY, hi = -INFINITY;
+  enum { n = 200000 };
+  uint64_t key = zt_rng_key(1234, "test.reference");
+  const long double pi = acosl(-1.0L);
+  long exact = 0, near = 0;
   for (int i = 0; i < n; i++) {
-    double x = zt_rng_normal(key, (uint64_t)i);
-    assert_true(isfinite(x));
-    sum += x;
-    sq += x * x;
-    inside += fabs(x) < 1;
-    if (i) lag += x * prev;
-    prev = x;
-    lo = fmin(lo, x);
-    hi = fmax(hi, x);
+    uint64_t ctr = (uint64_t)i >> 1;
+    if (i >= n / 2) ctr += ((uint64_t)1 << 32) - n / 4; /* also counters past 2^32 */
+    uint32_t c4[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0};
+    uint32_t k2[2] = {(uint32_t)key, (uint32_t)(key >> 32)}, w[4];
+    ref_philox(c4, k2, w);
+    uint64_t x1 = (uint64_t)w[0] << 21 | w[1] >> 11, x2 = (uint64_t)w[2] << 21 | w[3] >> 11;
+    long double u1 = (x1 + 1.0L) / 9007199254740992.0L, u2 = (x2 + 0.5L) / 9007199254740992.0L;
+    long double rad = sqrtl(-2.0L * logl(u1)), a = 2.0L * pi * u2;
+    long double want = rad * (i & 1 ? sinl(a) : cosl(a));
+    float got = zt_rng_normal(key, (uint64_t)(i >= n / 2 ? 2 * ctr + (i & 1) : (uint64_t)i));
+    float r = (float)want;
+    if (got == r) {
+      exact++;
+      continue;
+    }
+    /* not the rounded value: then the neighbour on the far side of a
+     * midpoint that `want` is within 1e-15 (relative) of */
+    float other = nextafterf(r, want > r ? INFINITY : -INFINITY);
+    long double mid = ((long double)r + other) / 2;
+    assert_true(got == other);
+    assert_true(fabsl(want - mid) <= 1e-15L * fabsl(want));
+    near++;
   }
-  double mean = sum / n, var = sq / n - mean * mean, p1 = 0.682689492137;
-  print_message("  mean %.4f var %.4f P(|x|<1) %.4f lag-1 corr %.4f range [%.2f, %.2f]\n",
-                mean, var, inside / n, lag / (n - 1), lo, hi);
-  assert_true(fabs(mean) <= 5 / sqrt(n));
-  assert_true(fabs(var - 1) <= 5 * sqrt(2.0 / n));
-  assert_true(fabs(inside / n - p1) <= 5 * sqrt(p1 * (1 - p1) / n));
-  assert_true(fabs(lag / (n - 1)) <= 5 / sqrt(n));
-  /* tails exist (P(max < 3.5) over 1e5 draws is ~e^-23) but stay sane */
-  assert_true(lo < -3.5 && hi > 3.5 && lo > -7 && hi < 7);
+  print_message("  %ld of %d exactly the rounded long double value, %ld the neighbour "
+                "across a midpoint\n", exact, n, near);
+  assert_true(near <= 2);
+}
+
+/* Exact normal CDF and tail probability. */
+static double phi(double x) { return 0.5 * erfc(-x / sqrt(2.0)); }
+
+/* 2e6 standard normals (through the fill, which the scalar draws match):
+ * mean (se 1/sqrt(n)), variance (se sqrt(2/n)), skewness (se sqrt(6/n)),
+ * excess kurtosis (se sqrt(24/n)), P(|x| > t) for t = 1..4 against the
+ * exact normal (se sqrt(p(1-p)/n)), no correlation between neighbours,
+ * whether of one Philox block (cos and sin halves) or of two (se
+ * 1/sqrt(n/2) each): each within 5 standard errors. Kolmogorov-Smirnov
+ * against the exact CDF: D sqrt(n) < 1.95 (p = 0.001). Then the range:
+ * the 53-bit uniform bounds |x| by sqrt(2 ln 2^53) = 8.57. */
+static void test_normal_distribution(void **state) {
+  (void)state;
+  enum { n = 2000000, bins = 4096 };
+  float *x = malloc(n * sizeof *x);
+  assert_non_null(x);
+  uint64_t key = zt_rng_key(1234, "test.normal");
+  zt_rng_normal_fill(key, 0, n, 1.0f, x);
+  double m1 = 0, m2 = 0, m3 = 0, m4 = 0, lag_in = 0, lag_across = 0, lo = INFINITY, hi = -INFINITY;
+  long tail[5] = {0};
+  long *hist = calloc(bins, sizeof *hist);
+  assert_non_null(hist);
+  for (int i = 0; i < n; i++) m1 += x[i];
+  m1 /= n;
+  for (int i = 0; i < n; i++) {
+    double v = x[i], d = v - m1;
+    assert_true(isfinite(v));
+    m2 += d * d, m3 += d * d * d, m4 += d * d * d * d;
+    for (int t = 1; t <= 4; t++) tail[t] += fabs(v) > t;
+    if (i + 1 < n) *(i & 1 ? &lag_across : &lag_in) += v * x[i + 1];
+    lo = fmin(lo, v), hi = fmax(hi, v);
+    /* CDF on a fine grid: bin k holds Phi(x) in [k/bins, (k+1)/bins) */
+    int k = (int)(phi(v) * bins);
+    hist[k < 0 ? 0 : k >= bins ? bins - 1 : k]++;
+  }
+  m2 /= n, m3 /= n, m4 /= n;
+  double skew = m3 / pow(m2, 1.5), kurt = m4 / (m2 * m2) - 3;
+  double ks = 0;
+  long cum = 0;
+  for (int k = 0; k < bins; k++) { /* sup |F_n - Phi|, at the bin edges */
+    cum += hist[k];
+    ks = fmax(ks, fabs((double)cum / n - (double)(k + 1) / bins));
+  }
+  print_message("  mean %.5f var %.5f skew %.4f kurt %.4f lag %.5f %.5f range [%.2f, %.2f] "
+                "KS sqrt(n) D %.3f\n", m1, m2, skew, kurt, lag_in / (n / 2), lag_across / (n / 2),
+                lo, hi, ks * sqrt(n));
+  assert_true(fabs(m1) <= 5 / sqrt(n));
+  assert_true(fabs(m2 - 1) <= 5 * sqrt(2.0 / n));
+  assert_true(fabs(skew) <= 5 * sqrt(6.0 / n));
+  assert_true(fabs(kurt) <= 5 * sqrt(24.0 / n));
+  for (int t = 1; t <= 4; t++) {
+    double p = 2 * phi(-t), f = (double)tail[t] / n;
+    print_message("  P(|x| > %d) %.6f, exact %.6f\n", t, f, p);
+    assert_true(fabs(f - p) <= 5 * sqrt(p * (1 - p) / n));
+  }
+  assert_true(fabs(lag_in / (n / 2)) <= 5 / sqrt(n / 2));
+  assert_true(fabs(lag_across / (n / 2)) <= 5 / sqrt(n / 2));
+  /* the bin width adds at most 1/bins to D */
+  assert_true((ks - 1.0 / bins) * sqrt(n) < 1.95);
+  /* P(max < 4.5) over 2e6 draws is ~e^-14 */
+  assert_true(lo < -4.5 && hi > 4.5 && lo > -8.58 && hi < 8.58);
+  free(hist);
+  free(x);
 }
 
 /* Uniform integers: always in range, and for n = 10 the counts pass a
@@ -200,12 +285,120 @@ static void test_determinism(void **state) {
   assert_true(zt_rng_normal(ka, far + 5) != zt_rng_normal(ka, 5));
 }
 
+/* The fill is the single draws, bit for bit, scaled in float, for runs
+ * that start and end on either half of a block, from empty to long, and
+ * across the counter's 32-bit boundary (index 2^33). */
+static void test_fill_matches_single(void **state) {
+  (void)state;
+  uint64_t key = zt_rng_key(5, "test.fill");
+  float out[1200];
+  const uint64_t firsts[] = {0, 1, 2, 7, 1000001, ((uint64_t)1 << 33) - 37, ((uint64_t)1 << 33) - 36};
+  const int64_t lens[] = {0, 1, 2, 3, 4, 15, 16, 17, 31, 64, 1111};
+  const float scales[] = {1.0f, 0.02f, -3.5f};
+  for (size_t f = 0; f < sizeof firsts / sizeof *firsts; f++)
+    for (size_t l = 0; l < sizeof lens / sizeof *lens; l++)
+      for (size_t c = 0; c < sizeof scales / sizeof *scales; c++) {
+        int64_t n = lens[l];
+        out[n] = 12345.0f; /* a fill writes exactly n values */
+        zt_rng_normal_fill(key, firsts[f], n, scales[c], out);
+        for (int64_t i = 0; i < n; i++) {
+          float want = scales[c] * zt_rng_normal(key, firsts[f] + (uint64_t)i);
+          assert_memory_equal(&out[i], &want, sizeof want);
+        }
+        assert_true(out[n] == 12345.0f);
+      }
+}
+
+/* A stand-in model: only what zt_model_init_weights reads (the parameter
+ * table, the flat buffer, the backend), with tensors that are whole or
+ * cut as TP cuts them: rows, rows in 3 groups (gpt's fused qkv), columns
+ * (runs that start on odd logical indices), the middle dim of a 3-D
+ * tensor, several tens of thousands of elements (many chunks), and
+ * constant inits. */
+static zt_tensor_desc desc(const char *name, int ndim, const int64_t *shape, int dim, int index,
+                           int count, int groups, int64_t offset) {
+  zt_tensor_desc t = {.dtype = ZT_F32, .ndim = ndim, .shard = {dim, index, count, groups},
+                      .offset = offset};
+  snprintf(t.name, sizeof t.name, "%s", name);
+  memcpy(t.shape, shape, (size_t)ndim * sizeof *shape);
+  int64_t ls[ZT_MAX_DIMS];
+  zt_shard_local_shape(&t, ls);
+  t.numel = 1;
+  for (int i = 0; i < ndim; i++) t.numel *= ls[i];
+  return t;
+}
+
+static void test_init_any_threads_any_cut(void **state) {
+  (void)state;
+  const int64_t s2[] = {301, 250}, s3[] = {12, 90, 37}, s1[] = {333}, big[] = {60000};
+  struct { const char *name; int ndim; const int64_t *shape; int dim, count, groups;
+           zt_init_kind init; } spec[] = {
+      {"whole", 2, s2, -1, 1, 1, ZT_INIT_NORMAL},
+      {"rows", 2, s3 + 1, 0, 2, 1, ZT_INIT_NORMAL},
+      {"qkv", 2, (const int64_t[]){6 * 7, 33}, 0, 2, 3, ZT_INIT_NORMAL},
+      {"cols", 2, s2, 1, 5, 1, ZT_INIT_NORMAL},
+      {"mid", 3, s3, 1, 3, 1, ZT_INIT_NORMAL},
+      {"big", 1, big, -1, 1, 1, ZT_INIT_NORMAL},
+      {"ones", 1, s1, -1, 1, 1, ZT_INIT_ONES},
+      {"zeros", 1, s1, -1, 1, 1, ZT_INIT_ZEROS},
+  };
+  enum { np = sizeof spec / sizeof *spec };
+  const zt_backend *be = zt_backend_cpu();
+  const int cuts = 5, threads[] = {1, 2, 3, 7};
+  for (int index = 0; index < cuts; index++) { /* the piece of TP rank `index` */
+    zt_param params[np];
+    int64_t off = 0;
+    for (int i = 0; i < np; i++) {
+      int count = spec[i].count, idx = count > 1 ? index % count : 0;
+      params[i] = (zt_param){desc(spec[i].name, spec[i].ndim, spec[i].shape, spec[i].dim, idx,
+                                  count, spec[i].groups, off),
+                             spec[i].init, 0.02f, 1};
+      off += params[i].t.numel;
+    }
+    params[2].here = index != 3; /* a tensor another stage holds stays untouched */
+    float *first = NULL;
+    for (size_t th = 0; th < sizeof threads / sizeof *threads; th++) {
+      zt_model m = {0};
+      m.be = be;
+      m.params = params;
+      m.n_params = np;
+      m.w = be->alloc((size_t)off * sizeof(float));
+      assert_non_null(m.w);
+      omp_set_num_threads(threads[th]);
+      zt_err e;
+      assert_int_equal(zt_model_init_weights(&m, 77, &e), ZT_OK);
+      if (!first) {
+        first = m.w;
+        /* the values: each element that of its logical index */
+        for (int i = 0; i < np; i++) {
+          const zt_param *p = &params[i];
+          uint64_t key = zt_rng_key(77, p->t.name);
+          for (int64_t j = 0; j < p->t.numel; j++) {
+            float want = !p->here                   ? 0.0f
+                         : p->init == ZT_INIT_ONES  ? 1.0f
+                         : p->init == ZT_INIT_ZEROS ? 0.0f
+                         : p->std * zt_rng_normal(key, (uint64_t)zt_shard_global_index(&p->t, j));
+            assert_memory_equal(&first[p->t.offset + j], &want, sizeof want);
+          }
+        }
+      } else {
+        assert_memory_equal(m.w, first, (size_t)off * sizeof(float));
+        be->free(m.w);
+      }
+    }
+    be->free(first);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_philox_kat),
-      cmocka_unit_test(test_normal_moments),
+      cmocka_unit_test(test_normal_reference),
+      cmocka_unit_test(test_normal_distribution),
       cmocka_unit_test(test_below),
       cmocka_unit_test(test_determinism),
+      cmocka_unit_test(test_fill_matches_single),
+      cmocka_unit_test(test_init_any_threads_any_cut),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

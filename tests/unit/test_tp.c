@@ -107,8 +107,10 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
   if (!rc) rc = zt_model_init(&part, cfg, be, B, tp, NULL, &e);
   CHECK(!rc, "%s: init: %s", label, e.msg);
   if (rc) return;
-  zt_model_init_weights(&whole, 1234);
-  zt_model_init_weights(&part, 1234);
+  rc = zt_model_init_weights(&whole, 1234, &e);
+  if (!rc) rc = zt_model_init_weights(&part, 1234, &e);
+  CHECK(!rc, "%s: init weights: %s", label, e.msg);
+  if (rc) return;
 
   /* weights: each piece is exactly its logical elements */
   float *ww = fetch(&whole, whole.w, whole.numel), *pw = fetch(&part, part.w, part.numel);
