@@ -1,9 +1,14 @@
-/* ckpt: see ckpt.h. */
+/* ckpt: writes checkpoints (zt_ckpt_save, the background save) and holds
+ * what the loader (ckpt_load.c) shares with it: see ckpt.h, ckpt_impl.h. */
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_impl.h"
 #include "src/ckpt/h5util.h"
 #include "parallel/watchdog.h"
+#include "src/core/timer.h"
+#include "src/core/trace.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <libgen.h>
 #include <math.h>
@@ -13,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 /* Inline: the checksum hashes one 4-byte element per call. Through the
  * shared library each call is opaque and dispatches on the length; compiled
@@ -21,7 +27,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-static const char *const groups[3] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
+const char *const zt_ckpti_groups[3] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
 
 uint64_t zt_ckpt_checksum_count(const float *x, int64_t n, int64_t first, uint64_t *nonfinite) {
   uint64_t s = 0, bad = 0;
@@ -38,22 +44,11 @@ uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first) {
   return zt_ckpt_checksum_count(x, n, first, NULL);
 }
 
-
-
-
-
-static void shape_str(char *buf, size_t n, int ndim, const hsize_t *d) {
-  int k = snprintf(buf, n, "[");
-  for (int i = 0; i < ndim && k < (int)n; i++)
-    k += snprintf(buf + k, n - (size_t)k, i ? ", %llu" : "%llu", (unsigned long long)d[i]);
-  if (k < (int)n) snprintf(buf + k, n - (size_t)k, "]");
-}
-
 /* ---- where each state lives on this rank ------------------------------------ */
 
 /* Base pointer such that flat element i of state `which` (0 weights, 1
  * exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range [lo, hi) present. */
-static float *state_at(const zt_zero *z, int which, int64_t *lo, int64_t *hi) {
+float *zt_ckpti_state_at(const zt_zero *z, int which, int64_t *lo, int64_t *hi) {
   int full = which == 0 ? z->cfg.stage < 3 : z->cfg.stage == 0;
   *lo = full ? 0 : z->lo;
   *hi = full ? z->numel : z->hi;
@@ -97,7 +92,7 @@ static void select_rect(hid_t space, const zt_tensor_desc *t, int64_t r0, int64_
  * in the local shape). Tensors have 1 or 2 dimensions. The selection's
  * row-major order equals the local order, so a contiguous buffer of b - a
  * elements matches it. */
-static void select_local(hid_t space, const zt_tensor_desc *t, int64_t a, int64_t b) {
+void zt_ckpti_select_local(hid_t space, const zt_tensor_desc *t, int64_t a, int64_t b) {
   H5Sselect_none(space);
   if (a >= b) return;
   if (t->ndim == 1) {
@@ -131,7 +126,7 @@ static void sum_run(void *ctx, int64_t local, int64_t global, int64_t n) {
 
 /* The checksum of local elements [a, b) of t's piece; adds their count of
  * non-finite values to *bad. */
-static uint64_t piece_checksum(const zt_tensor_desc *t, const float *data, int64_t a, int64_t b,
+uint64_t zt_ckpti_piece_checksum(const zt_tensor_desc *t, const float *data, int64_t a, int64_t b,
                                uint64_t *bad) {
   sum_ctx c = {data, a, b, 0, 0};
   if (a < b) zt_shard_runs(t, &c, sum_run);
@@ -141,7 +136,7 @@ static uint64_t piece_checksum(const zt_tensor_desc *t, const float *data, int64
 
 /* The local elements [a, b) of t this rank counts once for the world: its
  * ZeRO range, if it is the designated holder of its TP piece. */
-static void counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int64_t *a,
+void zt_ckpti_counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int64_t *a,
                           int64_t *b) {
   const zt_model *m = s->m;
   int64_t off = t->offset, lo = s->z->lo, hi = s->z->hi;
@@ -217,64 +212,77 @@ static int write_script(hid_t f, const char *text, int rank0, hid_t dxpl) {
 
 /* Whether every rank's piece of t lies in the file as a few long runs:
  * whole tensors and cuts along the first dimension (a ZeRO range of a
- * row-major piece is contiguous). Those are written straight to the file:
- * MPI-IO's collective buffering would only copy them through aggregator
- * ranks first. Cuts along a later dimension interleave the TP ranks' pieces
- * row by row in short runs, which collective buffering merges into large
- * writes. Every rank decides alike: it depends on the layout only. */
+ * row-major piece is contiguous; gpt's q|k|v cut makes three runs). Those
+ * are written straight to the file (save_direct). Cuts along a later
+ * dimension interleave the TP ranks' pieces row by row in short runs:
+ * those are written collectively, so that MPI-IO's collective buffering
+ * merges them into large writes (on a parallel file system, ranks taking
+ * turns inside one stripe contend for it). Every rank decides alike: it
+ * depends on the layout only. */
 static int long_runs(const zt_tensor_desc *t) {
   return t->shard.dim <= 0 || t->shard.count <= 1;
 }
 
 static const char *const short_names[3] = {"model", "exp_avg", "exp_avg_sq"};
 
-/* Writes this rank's part of tensor t of state `which`, its checksum to
- * *sum and its count of non-finite values to *bad. Every rank makes the
- * same HDF5 calls (a rank with nothing to write selects nothing): they are
- * collective. On failure e says which tensor and why. */
-static int write_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
-                        const float *data, hid_t dxpl, uint64_t *sum, uint64_t *bad, zt_err *e) {
+/* Tensors are stored contiguously, their space allocated when the dataset
+ * is created and never filled: every byte is written once, by the rank
+ * that counts it, at the address HDF5 gives the dataset. */
+static hid_t tensor_dcpl(void) {
+  hid_t p = H5Pcreate(H5P_DATASET_CREATE);
+  if (p >= 0 && (H5Pset_layout(p, H5D_CONTIGUOUS) < 0 ||
+                 H5Pset_alloc_time(p, H5D_ALLOC_TIME_EARLY) < 0 ||
+                 H5Pset_fill_time(p, H5D_FILL_TIME_NEVER) < 0)) {
+    H5Pclose(p);
+    p = -1;
+  }
+  return p;
+}
+
+/* Creates the dataset of tensor t of state `which` (collective: every
+ * rank, in the same order); *addr is where its data starts in the file. */
+static hid_t create_tensor(hid_t f, int which, const zt_tensor_desc *t, hid_t dcpl,
+                           haddr_t *addr) {
   hsize_t dims[ZT_MAX_DIMS];
   for (int d = 0; d < t->ndim; d++) dims[d] = (hsize_t)t->shape[d];
   char path[ZT_NAME_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
-  hid_t fspace = H5Screate_simple(t->ndim, dims, NULL);
-  hid_t ds = H5Dcreate2(f, path, H5T_IEEE_F32LE, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  snprintf(path, sizeof path, "%s/%s", zt_ckpti_groups[which], t->name);
+  hid_t space = H5Screate_simple(t->ndim, dims, NULL);
+  hid_t ds = space < 0 ? -1
+                       : H5Dcreate2(f, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  if (space >= 0) H5Sclose(space);
+  *addr = ds < 0 ? HADDR_UNDEF : H5Dget_offset(ds);
+  return ds;
+}
+
+/* Writes this rank's part of tensor t of state `which` (from data, its
+ * counted range) through HDF5, collectively: every rank makes the call, a
+ * rank with nothing to write selects nothing. On failure e says which
+ * tensor and why. */
+static int write_collective(hid_t ds, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
+                            const float *data, hid_t dxpl, zt_err *e) {
   int64_t a, b;
-  counted_range(s, t, &a, &b);
-  select_local(fspace, t, a, b);
+  zt_ckpti_counted_range(s, t, &a, &b);
+  hid_t fspace = H5Dget_space(ds);
+  if (fspace >= 0) zt_ckpti_select_local(fspace, t, a, b);
   hsize_t n = (hsize_t)(b > a ? b - a : 1);
   hid_t mspace = H5Screate_simple(1, &n, NULL);
   if (b <= a) H5Sselect_none(mspace);
-  /* host memory: the CUDA backend will stage through a pinned copy */
-  H5Pset_dxpl_mpio_collective_opt(dxpl, long_runs(t) ? H5FD_MPIO_INDIVIDUAL_IO
-                                                     : H5FD_MPIO_COLLECTIVE_IO);
   /* the reason is taken at once: the next HDF5 call clears the error stack */
   char why[256] = "";
-  int fail = ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0;
+  int fail = fspace < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0;
   if (fail) zt_h5_error_reason(why, sizeof why);
-  *sum = piece_checksum(t, data, a, b, bad);
-  if (ds >= 0 && H5Dclose(ds) < 0 && !fail) fail = 1, zt_h5_error_reason(why, sizeof why);
   H5Sclose(mspace);
-  H5Sclose(fspace);
-  return fail ? zt_err_set(e, ZT_ERUNTIME, "%s: %s", path, why) : ZT_OK;
-}
-
-static int set_checksum(hid_t f, int which, const zt_tensor_desc *t, uint64_t sum) {
-  char path[ZT_NAME_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
-  hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
-  int bad = ds < 0 || zt_h5_write_scalar_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sum);
-  if (ds >= 0) H5Dclose(ds);
-  return bad;
+  if (fspace >= 0) H5Sclose(fspace);
+  return fail ? zt_err_set(e, ZT_ERUNTIME, "%s/%s: %s", zt_ckpti_groups[which], t->name, why) : ZT_OK;
 }
 
 /* Where the counted range of tensor i of state `which` is in live state. */
 static const float *live_piece(const zt_ckpt_state *s, int which, int i) {
   const zt_tensor_desc *t = &s->m->params[i].t;
   int64_t a, b, lo, hi;
-  counted_range(s, t, &a, &b);
-  const float *base = state_at(s->z, which, &lo, &hi);
+  zt_ckpti_counted_range(s, t, &a, &b);
+  const float *base = zt_ckpti_state_at(s->z, which, &lo, &hi);
   return t->offset < 0 ? base : base + (t->offset + a - lo); /* absent: nothing is read */
 }
 
@@ -335,94 +343,241 @@ static int injected_failure(const zt_comm *c, int64_t step) {
          c->world_ranks[c->rank] == r;
 }
 
+/* ---- the data, straight to the file ------------------------------------------ */
+
+void zt_ckpti_add_span(void *ctx, int64_t local, int64_t global, int64_t n) {
+  span_list *l = ctx;
+  int64_t s = local > l->a ? local : l->a, e = local + n < l->b ? local + n : l->b;
+  if (e <= s || l->oom) return;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 256;
+    span *v = realloc(l->v, cap * sizeof *v);
+    if (!v) {
+      l->oom = 1;
+      return;
+    }
+    l->v = v, l->cap = cap;
+  }
+  l->v[l->n++] = (span){l->idx, s - l->a, global + (s - local), e - s};
+}
+
+/* Writes this rank's stream up to element `end` (checksums and non-finite
+ * counts first, then the bytes). test_hook runs once, halfway through the
+ * stream (at once when this rank has nothing to write). */
+static int direct_write(direct *d, int64_t end, const float *const *data, const haddr_t *addr,
+                        uint64_t *sums, uint64_t *bad, const zt_model *m, int *hooked,
+                        int (*test_hook)(void *, int idx, zt_err *), void *hook_ctx, zt_err *e) {
+  while (1) {
+    if (!*hooked && 2 * d->done >= d->total) {
+      *hooked = 1;
+      int idx = d->k < d->runs.n ? d->runs.v[d->k].idx : 0;
+      if (test_hook(hook_ctx, idx, e)) return e->code;
+    }
+    if (d->done >= end) return ZT_OK;
+    const span *r = &d->runs.v[d->k];
+    int64_t n = r->n - d->at;
+    if (n > end - d->done) n = end - d->done;
+    if (n > DIRECT_CHUNK) n = DIRECT_CHUNK;
+    const float *x = data[r->idx] + r->at + d->at;
+    int64_t first = r->global + d->at;
+    sums[r->idx] += zt_ckpt_checksum_count(x, n, first, &bad[r->idx]);
+    int err = zt_fs_writer_put(d->w, x, (size_t)n * sizeof *x,
+                               (long long)addr[r->idx] + first * (long long)sizeof *x);
+    if (!err && d->done + n >= end) err = zt_fs_writer_flush(d->w); /* the part is written */
+    if (err)
+      return zt_err_set(e, ZT_ERUNTIME, "%s/%s: file write failed: %s",
+                        zt_ckpti_groups[r->idx / m->n_params], m->params[r->idx % m->n_params].t.name,
+                        strerror(err));
+    d->done += n;
+    if ((d->at += n) == r->n) d->k++, d->at = 0;
+  }
+}
+
+/* Test hooks, halfway through this rank's part of a save. */
+typedef struct {
+  const zt_ckpt_state *s;
+  const zt_comm *comm;
+  int64_t step;
+  const char *stop_at;
+} hook_ctx;
+
+static int save_hooks(void *ctx, int idx, zt_err *e) {
+  hook_ctx *h = ctx;
+  int np = h->s->m->n_params;
+  /* die halfway through writing the file, as a crash would */
+  const char *die = getenv("ZT_TEST_KILL_IN_SAVE");
+  if (die && atoll(die) == h->step) raise(SIGKILL);
+  zt_watchdog_test_stop(h->stop_at);
+  if (injected_failure(h->comm, h->step))
+    return zt_err_set(e, ZT_ERUNTIME, "%s/%s: test: injected write failure", zt_ckpti_groups[idx / np],
+                      h->s->m->params[idx % np].t.name);
+  return ZT_OK;
+}
+
 /* Writes the file: every rank its counted pieces, which are `pieces`
- * (3 x n_params, from a snapshot) or the live state. Saves cannot
- * deadlock: every rank makes every collective call, and after each
- * tensor the ranks agree on whether all went well (one small all-reduce),
- * so a failure on one rank stops all of them at the same place; each
- * HDF5 collective runs as a watched phase (a rank that stalls inside one
- * is reported). A file with a non-finite weight or moment is never
- * published. Every MPI call goes over `comm` under the comm lock: a
- * background save has its own communicator, so its collectives never
- * meet the training's. */
+ * (3 x n_params, from a snapshot) or the live state. HDF5 creates the file
+ * and every dataset collectively; then each rank writes its pieces of
+ * tensors stored in long runs straight to the file, at the datasets'
+ * addresses, without waiting for the others (ZeRO gives ranks different
+ * tensors: waiting for each tensor in turn serialised them); the few
+ * tensors cut in short runs go through HDF5's collective writes. Saves
+ * cannot deadlock: every rank makes every collective call, and the ranks
+ * agree on whether all went well after each part of the data and each
+ * collective tensor (one small all-reduce), so a failure on one rank stops
+ * all of them at the same place; the HDF5 collectives and the parts run
+ * as watched phases (a rank that stalls inside one is reported). A file
+ * with a non-finite weight or moment is never published. Every MPI call
+ * goes over `comm` under the comm lock: a background save has its own
+ * communicator, so its collectives never meet the training's, and the
+ * direct writes hold no lock. */
 static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_comm *comm,
                      const float *const *pieces, zt_err *e) {
   const zt_model *m = s->m;
-  int np = m->n_params, rank0 = comm->rank == 0, rc = ZT_OK;
+  int np = m->n_params, nt = 3 * np, rank0 = comm->rank == 0, rc = ZT_OK;
   double need = file_bytes(s);
   if (rank0) rc = check_space(path, need, e);
   if ((rc = zt_comm_agree(comm, rc, e))) return rc;
-  char tmp[4096], what[96], stop_at[64];
+  char tmp[4096], what[96], stop_at[64], why[256];
   int32_t pid = (int32_t)getpid();
   zt_comm_bcast(comm, &pid, sizeof pid, 0); /* one temporary name for all */
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)pid);
   snprintf(stop_at, sizeof stop_at, "save:%lld", (long long)step);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  uint64_t *sums = calloc((size_t)6 * np, sizeof *sums), *bad = sums ? sums + 3 * np : NULL;
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER);
+  /* per tensor (which * np + i): checksum, non-finite count, address in
+   * the file, open dataset, counted piece in memory */
+  uint64_t *sums = calloc((size_t)2 * nt, sizeof *sums), *bad = sums ? sums + nt : NULL;
+  haddr_t *addr = calloc((size_t)nt, sizeof *addr);
+  hid_t *ds = malloc((size_t)nt * sizeof *ds);
+  const float **data = malloc((size_t)nt * sizeof *data);
+  int mem = sums && addr && ds && data;
+  for (int idx = 0; mem && idx < nt; idx++) {
+    ds[idx] = -1;
+    data[idx] = pieces ? pieces[idx] : live_piece(s, idx / np, idx % np);
+  }
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER),
+        dcpl = tensor_dcpl();
   H5Pset_fapl_mpio(fapl, comm->mpi, MPI_INFO_NULL);
   zt_h5_checked_metadata(fapl);
-  /* collective calls (every rank takes part in each tensor); write_tensor
-   * picks collective or independent I/O underneath */
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
   /* HDF5 makes its own MPI calls: none of ours may run meanwhile; the lock
-   * is dropped between tensors, so that a background save lets the
+   * is dropped between its calls, so that a background save lets the
    * training's collectives through in between */
+  double t0 = zt_timer_now();
   zt_comm_phase_begin(comm, "checkpoint: creating the file");
   zt_comm_lock();
-  hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  char why[256];
-  if (!sums) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  hid_t f = mem && dcpl >= 0 ? H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl) : -1;
+  if (!mem || dcpl < 0) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   else if (f < 0)
     rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s: %s", tmp,
                     zt_h5_error_reason(why, sizeof why));
   else if (write_record(f, s, step) || write_script(f, s->script_text, rank0, dxpl))
     rc = zt_err_set(e, ZT_ERUNTIME, "writing the record: %s", zt_h5_error_reason(why, sizeof why));
+  long long data_end = 0;
+  for (int idx = 0; idx < nt && !rc; idx++) {
+    const zt_tensor_desc *t = &m->params[idx % np].t;
+    ds[idx] = create_tensor(f, idx / np, t, dcpl, &addr[idx]);
+    if (ds[idx] < 0 || addr[idx] == HADDR_UNDEF)
+      rc = zt_err_set(e, ZT_ERUNTIME, "creating %s/%s: %s", zt_ckpti_groups[idx / np], t->name,
+                      ds[idx] < 0 ? zt_h5_error_reason(why, sizeof why)
+                                  : "HDF5 allocated no space for it");
+    long long end = (long long)addr[idx] + (long long)sizeof(float) * zt_tensor_numel(t);
+    if (end > data_end) data_end = end;
+  }
+  int err = rank0 && !rc ? zt_fs_reserve(tmp, data_end) : 0;
+  if (err)
+    rc = zt_err_set(e, ZT_ERUNTIME, "rank %d could not reserve %.2f MB for %s: %s",
+                    comm->world_ranks[comm->rank], data_end / 1e6, tmp, strerror(err));
   zt_comm_unlock();
   zt_comm_phase_end(comm);
+  zt_trace_slice("ckpt", "create", NULL, t0, zt_timer_now(), NULL, 0, NULL, 0);
   rc = zt_comm_agree(comm, rc, e);
-  /* test hook: die halfway through writing the file, as a crash would */
-  const char *die = getenv("ZT_TEST_KILL_IN_SAVE");
-  for (int which = 0; which < 3 && !rc; which++)
-    for (int i = 0; i < np && !rc; i++) {
-      const zt_tensor_desc *t = &m->params[i].t;
-      if (which == 1 && i == np / 2) {
-        if (die && atoll(die) == step) raise(SIGKILL);
-        zt_watchdog_test_stop(stop_at);
-      }
-      const float *data = pieces ? pieces[which * np + i] : live_piece(s, which, i);
-      snprintf(what, sizeof what, "checkpoint write of %s/%s", short_names[which], t->name);
-      zt_comm_phase_begin(comm, what);
-      zt_comm_lock();
-      rc = write_tensor(f, s, which, t, data, dxpl, &sums[which * np + i], &bad[which * np + i], e);
-      zt_comm_unlock();
-      zt_comm_phase_end(comm);
-      if (which == 1 && i == np / 2 && injected_failure(comm, step))
-        rc = zt_err_set(e, ZT_ERUNTIME, "%s/%s: test: injected write failure", groups[which],
-                        t->name);
-      if (rc) { /* the first failing rank's reason, with its rank */
-        char r[sizeof e->msg];
-        snprintf(r, sizeof r, "%s", e->msg);
-        zt_err_set(e, rc, "rank %d could not write %s", comm->world_ranks[comm->rank], r);
-      }
-      rc = zt_comm_agree(comm, rc, e);
+
+  /* this rank's long runs, and the number of parts (the same everywhere) */
+  direct d = {0};
+  for (int idx = 0; idx < nt && !rc && !d.runs.oom; idx++) {
+    const zt_tensor_desc *t = &m->params[idx % np].t;
+    if (!long_runs(t)) continue;
+    zt_ckpti_counted_range(s, t, &d.runs.a, &d.runs.b);
+    d.runs.idx = idx;
+    if (d.runs.a < d.runs.b) zt_shard_runs(t, &d.runs, zt_ckpti_add_span);
+  }
+  for (size_t k = 0; k < d.runs.n; k++) d.total += d.runs.v[k].n;
+  if (!rc && d.runs.oom) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  if (!rc && d.total && (err = zt_fs_writer_open(&d.w, tmp, DIRECT_BUFFER_BYTES)))
+    rc = zt_err_set(e, ZT_ERUNTIME, "rank %d cannot open %s: %s",
+                    comm->world_ranks[comm->rank], tmp, strerror(err));
+  rc = zt_comm_agree(comm, rc, e);
+  uint64_t parts = (uint64_t)((d.total * (int64_t)sizeof(float) + DIRECT_PART_BYTES - 1) /
+                              DIRECT_PART_BYTES);
+  if (!rc) zt_comm_allreduce(comm, &parts, 1, ZT_U64, ZT_MAX);
+  if (parts < 1) parts = 1;
+  hook_ctx hook = {s, comm, step, stop_at};
+  int hooked = 0;
+  for (uint64_t part = 0; part < parts && !rc; part++) {
+    snprintf(what, sizeof what, "checkpoint: writing data, part %llu of %llu",
+             (unsigned long long)part + 1, (unsigned long long)parts);
+    int64_t from = d.done, end = (int64_t)((double)d.total * (double)(part + 1) / (double)parts);
+    if (part + 1 == parts) end = d.total;
+    t0 = zt_timer_now();
+    zt_comm_phase_begin(comm, what);
+    rc = direct_write(&d, end, data, addr, sums, bad, m, &hooked, save_hooks, &hook, e);
+    zt_comm_phase_end(comm);
+    zt_trace_slice("ckpt", "write", NULL, t0, zt_timer_now(), "bytes",
+                   (long long)(d.done - from) * (long long)sizeof(float), NULL, 0);
+    if (rc) { /* the first failing rank's reason, with its rank */
+      char r[sizeof e->msg];
+      snprintf(r, sizeof r, "%s", e->msg);
+      zt_err_set(e, rc, "rank %d could not write %s", comm->world_ranks[comm->rank], r);
     }
-  if (!rc) zt_comm_allreduce(comm, sums, (size_t)6 * np, ZT_U64, ZT_SUM);
-  for (int which = 0; which < 3 && !rc; which++)
-    for (int i = 0; i < np && !rc; i++)
-      if (bad[which * np + i])
-        rc = zt_err_set(e, ZT_ERUNTIME, "tensor %s/%s holds %llu non-finite values (NaN or "
-                        "inf) at step %lld: a diverged state is never saved", groups[which],
-                        m->params[i].t.name, (unsigned long long)bad[which * np + i],
-                        (long long)step);
+    rc = zt_comm_agree(comm, rc, e);
+  }
+  /* cuts in short runs: one collective write each */
+  for (int idx = 0; idx < nt && !rc; idx++) {
+    const zt_tensor_desc *t = &m->params[idx % np].t;
+    if (long_runs(t)) continue;
+    int64_t a, b;
+    zt_ckpti_counted_range(s, t, &a, &b);
+    snprintf(what, sizeof what, "checkpoint write of %s/%s", short_names[idx / np], t->name);
+    t0 = zt_timer_now();
+    zt_comm_phase_begin(comm, what);
+    zt_comm_lock();
+    rc = write_collective(ds[idx], s, idx / np, t, data[idx], dxpl, e);
+    zt_comm_unlock();
+    zt_comm_phase_end(comm);
+    sums[idx] = zt_ckpti_piece_checksum(t, data[idx], a, b, &bad[idx]);
+    zt_trace_slice("ckpt", "write collective", NULL, t0, zt_timer_now(), "bytes",
+                   (long long)(b - a) * (long long)sizeof(float), NULL, 0);
+    if (rc) {
+      char r[sizeof e->msg];
+      snprintf(r, sizeof r, "%s", e->msg);
+      zt_err_set(e, rc, "rank %d could not write %s", comm->world_ranks[comm->rank], r);
+    }
+    rc = zt_comm_agree(comm, rc, e);
+  }
+  /* what this rank wrote is on the disk before rank 0 publishes the file
+   * (on a parallel file system rank 0's fsync covers only its own node) */
+  t0 = zt_timer_now();
+  if (d.w && (err = zt_fs_writer_close(d.w, !rc)) && !rc)
+    rc = zt_err_set(e, ZT_ERUNTIME, "rank %d could not write %s: %s",
+                    comm->world_ranks[comm->rank], tmp, strerror(err));
+  zt_trace_slice("ckpt", "sync", NULL, t0, zt_timer_now(), NULL, 0, NULL, 0);
+  free(d.runs.v);
+  rc = zt_comm_agree(comm, rc, e);
+  if (!rc) zt_comm_allreduce(comm, sums, (size_t)2 * nt, ZT_U64, ZT_SUM);
+  for (int idx = 0; idx < nt && !rc; idx++)
+    if (bad[idx])
+      rc = zt_err_set(e, ZT_ERUNTIME, "tensor %s/%s holds %llu non-finite values (NaN or "
+                      "inf) at step %lld: a diverged state is never saved", zt_ckpti_groups[idx / np],
+                      m->params[idx % np].t.name, (unsigned long long)bad[idx], (long long)step);
+  t0 = zt_timer_now();
   if (!rc) { /* every rank has the same sums: these metadata writes are collective */
     zt_comm_phase_begin(comm, "checkpoint: checksums and links");
     zt_comm_lock();
-    for (int which = 0; which < 3 && !rc; which++)
-      for (int i = 0; i < np && !rc; i++)
-        if (set_checksum(f, which, &m->params[i].t, sums[which * np + i]))
-          rc = zt_err_set(e, ZT_ERUNTIME, "writing checksums: %s",
-                          zt_h5_error_reason(why, sizeof why));
+    for (int idx = 0; idx < nt && !rc; idx++)
+      if (zt_h5_write_scalar_attr(ds[idx], "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                                  &sums[idx]))
+        rc = zt_err_set(e, ZT_ERUNTIME, "writing checksums: %s",
+                        zt_h5_error_reason(why, sizeof why));
     for (int i = 0; i < np && !rc; i++) { /* fp32 master weights = the parameters */
       char src[ZT_NAME_MAX + 16], dst[ZT_NAME_MAX + 32];
       snprintf(src, sizeof src, "/model/%s", m->params[i].t.name);
@@ -437,16 +592,24 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
   }
   zt_comm_phase_begin(comm, "checkpoint: closing the file");
   zt_comm_lock();
+  for (int idx = 0; ds && idx < nt; idx++)
+    if (ds[idx] >= 0) H5Dclose(ds[idx]);
   if (f >= 0 && H5Fclose(f) < 0 && !rc)
     rc = zt_err_set(e, ZT_ERUNTIME, "closing %s: %s", tmp, zt_h5_error_reason(why, sizeof why));
   H5Eclear2(H5E_DEFAULT);
   zt_comm_unlock();
   zt_comm_phase_end(comm);
+  zt_trace_slice("ckpt", "close", NULL, t0, zt_timer_now(), NULL, 0, NULL, 0);
+  if (dcpl >= 0) H5Pclose(dcpl);
   H5Pclose(fapl);
   H5Pclose(dxpl);
   free(sums);
+  free(addr);
+  free(ds);
+  free(data);
   rc = zt_comm_agree(comm, rc, e);
   /* rank 0 publishes the file or removes it, and has the last word */
+  t0 = zt_timer_now();
   if (rank0 && rc) {
     unlink(tmp);
     failed_message(path, need, e);
@@ -454,6 +617,7 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
     rc = zt_fs_publish(tmp, path, e);
     if (rc) unlink(tmp);
   }
+  zt_trace_slice("ckpt", "publish", NULL, t0, zt_timer_now(), NULL, 0, NULL, 0);
   return zt_comm_agree(comm, rank0 ? rc : ZT_OK, e) ? e->code : ZT_OK;
 }
 
@@ -485,7 +649,7 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   int64_t total = 0, a0, b0;
   for (int which = 0; which < 3; which++)
     for (int i = 0; i < np; i++) {
-      counted_range(s, &m->params[i].t, &a0, &b0);
+      zt_ckpti_counted_range(s, &m->params[i].t, &a0, &b0);
       total += b0 - a0;
     }
   memset(a, 0, sizeof *a);
@@ -510,7 +674,7 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   float *p = a->snap;
   for (int which = 0; which < 3; which++)
     for (int i = 0; i < np; i++) {
-      counted_range(s, &m->params[i].t, &a0, &b0);
+      zt_ckpti_counted_range(s, &m->params[i].t, &a0, &b0);
       m->be->download(p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
       a->pieces[which * np + i] = p;
       p += b0 - a0;
@@ -547,234 +711,4 @@ int zt_ckpt_async_wait(zt_ckpt_async *a, zt_err *e) {
   a->active = 0;
   if (a->rc) *e = a->err;
   return a->rc;
-}
-
-/* ---- load ------------------------------------------------------------------- */
-
-static int read_header(hid_t f, const char *path, long long *step, long long *version,
-                       zt_err *e) {
-  char fmt[64] = "";
-  htri_t has = H5Aexists(f, "format");
-  if (has < 0) /* damage, not another kind of file */
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root attributes are unreadable "
-                      "(damaged?)", path);
-  if (has > 0) {
-    hid_t a = H5Aopen(f, "format", H5P_DEFAULT);
-    hid_t type = a < 0 ? -1 : H5Aget_type(a);
-    hid_t space = a < 0 ? -1 : H5Aget_space(a);
-    /* one element only: H5Aread writes every element of the attribute's
-     * dataspace, and fmt holds one */
-    if (type >= 0 && space >= 0 && H5Sget_simple_extent_npoints(space) == 1 &&
-        H5Tget_class(type) == H5T_STRING && !H5Tis_variable_str(type) &&
-        H5Tget_size(type) < sizeof fmt) {
-      hid_t mem = H5Tcopy(H5T_C_S1);
-      H5Tset_size(mem, sizeof fmt);
-      H5Aread(a, mem, fmt);
-      H5Tclose(mem);
-    }
-    if (space >= 0) H5Sclose(space);
-    if (type >= 0) H5Tclose(type);
-    if (a >= 0) H5Aclose(a);
-  }
-  if (strcmp(fmt, ZT_CKPT_FORMAT))
-    return zt_err_set(e, ZT_EINPUT, "%s is not a ztrain checkpoint (no format attribute \"%s\")",
-                      path, ZT_CKPT_FORMAT);
-  if (zt_h5_read_scalar_attr(f, "format_version", H5T_NATIVE_LLONG, version) ||
-      zt_h5_read_scalar_attr(f, "step", H5T_NATIVE_LLONG, step))
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s: attribute format_version or step missing or "
-                      "unreadable", path);
-  if (*version < 1 || *version > ZT_CKPT_VERSION)
-    return zt_err_set(e, ZT_EINPUT, "checkpoint %s has format version %lld; this ztrain reads "
-                      "versions 1 to %d", path, *version, ZT_CKPT_VERSION);
-  if (*step < 0) return zt_err_set(e, ZT_EINPUT, "checkpoint %s: negative step %lld", path, *step);
-  return ZT_OK;
-}
-
-/* Every tensor of `group` exists with the model's logical shape. */
-static int check_group(hid_t f, const char *path, const char *group, const zt_model *m,
-                       zt_err *e) {
-  hid_t g = H5Gopen2(f, group, H5P_DEFAULT);
-  if (g < 0) return zt_err_set(e, ZT_EINPUT, "checkpoint %s: no group %s", path, group);
-  H5G_info_t info;
-  int rc = ZT_OK;
-  if (H5Gget_info(g, &info) >= 0 && info.nlinks != (hsize_t)m->n_params)
-    rc = zt_err_set(e, ZT_EINPUT,
-                    "checkpoint %s holds %llu tensors in %s, the model has %d: it is from "
-                    "another model", path, (unsigned long long)info.nlinks, group, m->n_params);
-  for (int i = 0; i < m->n_params && !rc; i++) {
-    const zt_tensor_desc *t = &m->params[i].t;
-    if (H5Lexists(g, t->name, H5P_DEFAULT) <= 0) {
-      rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s/%s is missing (from another model?)",
-                      path, group, t->name);
-      break;
-    }
-    hid_t ds = H5Dopen2(g, t->name, H5P_DEFAULT);
-    hid_t space = ds < 0 ? -1 : H5Dget_space(ds);
-    hid_t type = ds < 0 ? -1 : H5Dget_type(ds);
-    hsize_t dims[ZT_MAX_DIMS] = {0}, want[ZT_MAX_DIMS];
-    int nd = space < 0 ? -1 : H5Sget_simple_extent_ndims(space);
-    if (nd >= 0 && nd <= ZT_MAX_DIMS) H5Sget_simple_extent_dims(space, dims, NULL);
-    int same = nd == t->ndim;
-    for (int d = 0; d < t->ndim; d++) {
-      want[d] = (hsize_t)t->shape[d];
-      same = same && dims[d] == want[d];
-    }
-    if (ds < 0 || space < 0 || type < 0) {
-      rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: cannot read %s/%s", path, group, t->name);
-    } else if (!same) {
-      char have_s[96], want_s[96];
-      shape_str(have_s, sizeof have_s, nd > ZT_MAX_DIMS || nd < 0 ? 0 : nd, dims);
-      shape_str(want_s, sizeof want_s, t->ndim, want);
-      rc = zt_err_set(e, ZT_EINPUT,
-                      "checkpoint %s: tensor %s has shape %s%s, the model expects %s", path,
-                      t->name, have_s, nd > ZT_MAX_DIMS ? " (too many dimensions)" : "", want_s);
-    } else if (H5Tequal(type, H5T_IEEE_F32LE) <= 0 && H5Tequal(type, H5T_IEEE_F32BE) <= 0) {
-      /* exactly IEEE float32: HDF5 converts another layout by the bit
-       * fields the file states, unchecked, and damaged ones read past
-       * each element */
-      rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s is not float32", path, t->name);
-    }
-    if (type >= 0) H5Tclose(type);
-    if (space >= 0) H5Sclose(space);
-    if (ds >= 0) H5Dclose(ds);
-  }
-  H5Gclose(g);
-  return rc;
-}
-
-/* Reads what this rank holds of tensor t of state `which`; returns the
- * checksum of the part it counts, and the stored checksum in *want. */
-static int read_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
-                       hid_t dxpl, uint64_t *got, uint64_t *want, uint64_t *nonfinite) {
-  char path[ZT_NAME_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", groups[which], t->name);
-  hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
-  if (ds < 0) return 1;
-  int64_t lo, hi, off = t->offset;
-  float *base = state_at(s->z, which, &lo, &hi);
-  int64_t a = (lo > off ? lo : off) - off, b = (hi < off + t->numel ? hi : off + t->numel) - off;
-  if (b < a || off < 0) a = b = 0, off = lo; /* off < 0: another pipeline stage holds it */
-  hid_t fspace = H5Dget_space(ds);
-  select_local(fspace, t, a, b);
-  hsize_t n = (hsize_t)(b > a ? b - a : 1);
-  hid_t mspace = H5Screate_simple(1, &n, NULL);
-  if (b <= a) H5Sselect_none(mspace);
-  float *data = base + (off + a - lo);
-  int bad = H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, data) < 0;
-  int64_t ca, cb;
-  counted_range(s, t, &ca, &cb); /* within [a, b): what this rank vouches for */
-  *got = bad || cb <= ca ? 0 : piece_checksum(t, data + (ca - a), ca, cb, nonfinite);
-  *want = 0;
-  if (zt_h5_read_scalar_attr(ds, "checksum", H5T_NATIVE_UINT64, want)) *want = 0;
-  H5Sclose(mspace);
-  H5Sclose(fspace);
-  H5Dclose(ds);
-  return bad;
-}
-
-/* The steps skipped for non-finite values, from the state record (0 when
- * the file predates them); -1 when the record is damaged. */
-static int64_t read_skipped(hid_t f, long long step) {
-  char *txt = NULL;
-  if (zt_h5_read_str_attr(f, "state", 1 << 20, &txt)) return 0;
-  json_t *o = json_loads(txt, 0, NULL), *v = o ? json_object_get(o, "skipped_steps") : NULL;
-  int64_t n = !o ? -1 : !v ? 0 : json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
-  if (n > step) n = -1;
-  json_decref(o);
-  free(txt);
-  return n;
-}
-
-int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
-  zt_model *m = s->m;
-  zt_grid *g = s->grid;
-  zt_comm *w = &g->world;
-  int np = m->n_params, rc = ZT_OK;
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  /* every rank looks (a file one node cannot see must not split them) */
-  if (access(path, R_OK))
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: %s", path, strerror(errno));
-  else if (H5Fis_hdf5(path) <= 0)
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s is not an HDF5 file (damaged or truncated?)",
-                    path);
-  if ((rc = zt_comm_agree(w, rc, e))) return rc;
-  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_fapl_mpio(fapl, w->mpi, MPI_INFO_NULL);
-  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
-  zt_comm_phase_begin(w, "checkpoint: opening the file");
-  zt_comm_lock();
-  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-  H5Pclose(fapl);
-  long long step = 0, version = 0;
-  int64_t skipped = 0;
-  rc = f < 0 ? zt_err_set(e, ZT_EINPUT, "checkpoint %s cannot be opened (damaged or "
-                          "truncated?)", path)
-             : read_header(f, path, &step, &version, e);
-  /* the data position is step * global_batch: a step past that is damage */
-  if (!rc && s->global_batch > 0 && step > INT64_MAX / s->global_batch)
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: step %lld is out of range (damaged?)", path,
-                    step);
-  if (!rc && (skipped = read_skipped(f, step)) < 0)
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its state record is damaged (skipped_steps)",
-                    path);
-  /* an error is not absence: it would drop the optimizer state and step */
-  htri_t has_optim = rc ? 0 : H5Lexists(f, "/optim", H5P_DEFAULT);
-  if (has_optim < 0)
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root group is unreadable (damaged?)", path);
-  int optim = has_optim > 0;
-  /* every rank reads the same header: the verdicts agree without talking */
-  for (int w2 = 0; w2 < (optim ? 3 : 1) && !rc; w2++) rc = check_group(f, path, groups[w2], m, e);
-  zt_comm_unlock();
-  zt_comm_phase_end(w);
-  rc = zt_comm_agree(w, rc, e);
-  /* [got | want | non-finite] per tensor of each state */
-  uint64_t *got = calloc((size_t)9 * np, sizeof *got), *want = got ? got + 3 * np : NULL,
-           *nonfinite = got ? got + 6 * np : NULL;
-  if (!rc && !got) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  rc = zt_comm_agree(w, rc, e);
-  char what[96];
-  for (int which = 0; which < (optim ? 3 : 1) && !rc; which++)
-    for (int i = 0; i < np && !rc; i++) {
-      snprintf(what, sizeof what, "checkpoint read of %s/%s", groups[which] + 1,
-               m->params[i].t.name);
-      zt_comm_phase_begin(w, what);
-      zt_comm_lock();
-      if (read_tensor(f, s, which, &m->params[i].t, dxpl, &got[which * np + i],
-                      &want[which * np + i], &nonfinite[which * np + i]))
-        rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading tensor %s/%s failed (file "
-                        "damaged or truncated?)", path, groups[which], m->params[i].t.name);
-      zt_comm_unlock();
-      zt_comm_phase_end(w);
-      rc = zt_comm_agree(w, rc, e);
-    }
-  zt_comm_phase_begin(w, "checkpoint: closing the file");
-  zt_comm_lock();
-  if (f >= 0) H5Fclose(f);
-  H5Eclear2(H5E_DEFAULT);
-  zt_comm_unlock();
-  zt_comm_phase_end(w);
-  H5Pclose(dxpl);
-  if (!rc) {
-    /* checksums add up over the ranks; the non-finite counts too */
-    zt_comm_allreduce(w, got, (size_t)3 * np, ZT_U64, ZT_SUM);
-    zt_comm_allreduce(w, nonfinite, (size_t)3 * np, ZT_U64, ZT_SUM);
-  }
-  for (int which = 0; which < (optim ? 3 : 1) && version >= 2 && !rc; which++)
-    for (int i = 0; i < np && !rc; i++)
-      if (got[which * np + i] != want[which * np + i])
-        rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s/%s fails its checksum (file "
-                        "damaged?)", path, groups[which], m->params[i].t.name);
-  for (int which = 0; which < (optim ? 3 : 1) && !rc; which++)
-    for (int i = 0; i < np && !rc; i++)
-      if (nonfinite[which * np + i])
-        rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s/%s holds %llu non-finite values "
-                        "(NaN or inf): written by a run that diverged; use an earlier checkpoint",
-                        path, groups[which], m->params[i].t.name,
-                        (unsigned long long)nonfinite[which * np + i]);
-  free(got);
-  if (!rc && optim) {
-    *s->step = step;
-    if (s->skipped) *s->skipped = skipped;
-  }
-  return rc;
 }

@@ -1,9 +1,11 @@
 /* h5util: see h5util.h. */
+#define _GNU_SOURCE /* O_DIRECT, fallocate */
 #include "src/ckpt/h5util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,279 @@ int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *va
   if (space >= 0) H5Sclose(space);
   if (a >= 0) H5Aclose(a);
   return ok ? 0 : -1;
+}
+
+/* at most 1 GiB a call: Linux moves at most 2 GiB - 4 KiB at once anyway */
+#define IO_MAX ((size_t)1 << 30)
+
+int zt_fs_pwrite(int fd, const void *buf, size_t n, long long off) {
+  const char *p = buf;
+  while (n) {
+    ssize_t k = pwrite(fd, p, n < IO_MAX ? n : IO_MAX, (off_t)off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno;
+    if (k == 0) return EIO;
+    p += k, n -= (size_t)k, off += k;
+  }
+  return 0;
+}
+
+int zt_fs_pread(int fd, void *buf, size_t n, long long off) {
+  char *p = buf;
+  while (n) {
+    ssize_t k = pread(fd, p, n < IO_MAX ? n : IO_MAX, (off_t)off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno;
+    if (k == 0) return EIO;
+    p += k, n -= (size_t)k, off += k;
+  }
+  return 0;
+}
+
+/* O_DIRECT wants the memory, the offset and the length aligned to the
+ * device's logical block (512 or 4096 bytes): 4096 suits any of them. */
+#define DIO_ALIGN ((long long)4096)
+
+/* The caller fills one staging buffer while a thread of the writer
+ * writes the other: an O_DIRECT write leaves the CPU idle while the device
+ * works, and the copy (and whatever the caller computes between puts)
+ * fills that time. */
+struct zt_fs_writer {
+  int fd, dfd; /* through the page cache; O_DIRECT (-1: not allowed here) */
+  char *buf[2]; /* DIO_ALIGN-aligned, cap bytes each */
+  size_t cap;
+  /* the caller's buffer: bytes [base, base + fill) of the file */
+  int cur;
+  size_t fill;
+  long long base;
+  /* shared with the thread, under lock */
+  pthread_t thread;
+  int started, quit, next; /* next: the buffer the thread writes next */
+  int busy[2];
+  size_t jfill[2];
+  long long jbase[2];
+  int err; /* the first failure */
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+};
+
+/* Writes buffer i: its whole blocks directly, a partial last block through
+ * the page cache. Only the thread calls it (dfd is the thread's). */
+static int write_staged(zt_fs_writer *w, int i) {
+  size_t fill = w->jfill[i], whole = w->dfd >= 0 ? fill / DIO_ALIGN * DIO_ALIGN : 0;
+  long long base = w->jbase[i];
+  int err = whole ? zt_fs_pwrite(w->dfd, w->buf[i], whole, base) : 0;
+  if (err == EINVAL) { /* the file system takes O_DIRECT opens, not writes */
+    close(w->dfd);
+    w->dfd = -1;
+    whole = 0, err = 0;
+  }
+  if (!err && fill > whole)
+    err = zt_fs_pwrite(w->fd, w->buf[i] + whole, fill - whole, base + (long long)whole);
+  return err;
+}
+
+static void *writer_thread(void *arg) {
+  zt_fs_writer *w = arg;
+  pthread_mutex_lock(&w->lock);
+  while (1) {
+    while (!w->busy[w->next] && !w->quit) pthread_cond_wait(&w->cv, &w->lock);
+    if (!w->busy[w->next]) break; /* quit, nothing left */
+    int i = w->next;
+    pthread_mutex_unlock(&w->lock);
+    int err = write_staged(w, i);
+    pthread_mutex_lock(&w->lock);
+    if (err && !w->err) w->err = err;
+    w->busy[i] = 0;
+    w->next ^= 1;
+    pthread_cond_broadcast(&w->cv);
+  }
+  pthread_mutex_unlock(&w->lock);
+  return NULL;
+}
+
+int zt_fs_writer_open(zt_fs_writer **out, const char *path, size_t buffer) {
+  zt_fs_writer *w = calloc(1, sizeof *w);
+  *out = NULL;
+  if (!w) return ENOMEM;
+  w->cap = buffer < (size_t)DIO_ALIGN ? (size_t)DIO_ALIGN : buffer / DIO_ALIGN * DIO_ALIGN;
+  w->dfd = -1;
+  w->fd = open(path, O_WRONLY | O_CLOEXEC);
+  int err = w->fd < 0 ? errno : 0;
+  for (int i = 0; i < 2 && !err; i++) err = posix_memalign((void **)&w->buf[i], DIO_ALIGN, w->cap);
+  if (!err) {
+    w->dfd = open(path, O_WRONLY | O_CLOEXEC | O_DIRECT); /* may be refused (EINVAL) */
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    /* without a thread, the caller writes each buffer itself */
+    w->started = !pthread_create(&w->thread, NULL, writer_thread, w);
+  }
+  if (err) {
+    zt_fs_writer_close(w, 0);
+    return err;
+  }
+  *out = w;
+  return 0;
+}
+
+/* Hands the caller's buffer to the thread and takes the other one once
+ * the thread is done with it; returns the first failure so far. */
+static int hand_over(zt_fs_writer *w) {
+  if (!w->started) {
+    if (w->fill) {
+      w->jfill[0] = w->fill, w->jbase[0] = w->base;
+      int err = write_staged(w, 0);
+      if (err && !w->err) w->err = err;
+      w->fill = 0;
+    }
+    return w->err;
+  }
+  pthread_mutex_lock(&w->lock);
+  if (w->fill) {
+    w->busy[w->cur] = 1;
+    w->jfill[w->cur] = w->fill;
+    w->jbase[w->cur] = w->base;
+    pthread_cond_broadcast(&w->cv);
+    w->cur ^= 1;
+    w->fill = 0;
+  }
+  while (w->busy[w->cur]) pthread_cond_wait(&w->cv, &w->lock);
+  int err = w->err;
+  pthread_mutex_unlock(&w->lock);
+  return err;
+}
+
+int zt_fs_writer_put(zt_fs_writer *w, const void *src, size_t n, long long off) {
+  const char *p = src;
+  int err = 0;
+  if (w->fill && off != w->base + (long long)w->fill) err = hand_over(w); /* not adjacent */
+  while (n && !err) {
+    if (!w->fill) {
+      /* the bytes before the run's first whole block, which another
+       * writer may share, go through the page cache */
+      size_t head = (size_t)((DIO_ALIGN - off % DIO_ALIGN) % DIO_ALIGN);
+      if (head || n < (size_t)DIO_ALIGN) {
+        if (head > n || !head) head = n;
+        err = zt_fs_pwrite(w->fd, p, head, off);
+        p += head, n -= head, off += (long long)head;
+        continue;
+      }
+      w->base = off;
+    }
+    size_t k = w->cap - w->fill < n ? w->cap - w->fill : n;
+    memcpy(w->buf[w->cur] + w->fill, p, k);
+    w->fill += k, p += k, n -= k, off += (long long)k;
+    if (w->fill == w->cap) err = hand_over(w);
+  }
+  return err;
+}
+
+int zt_fs_writer_flush(zt_fs_writer *w) {
+  int err = hand_over(w); /* hands over the caller's buffer, if any */
+  if (!w->started) return err;
+  pthread_mutex_lock(&w->lock);
+  while (w->busy[0] || w->busy[1]) pthread_cond_wait(&w->cv, &w->lock);
+  if (!err) err = w->err;
+  pthread_mutex_unlock(&w->lock);
+  return err;
+}
+
+int zt_fs_writer_close(zt_fs_writer *w, int sync) {
+  if (!w) return 0;
+  int err = w->buf[1] ? zt_fs_writer_flush(w) : 0;
+  if (w->started) {
+    pthread_mutex_lock(&w->lock);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+  }
+  if (w->buf[1]) pthread_cond_destroy(&w->cv), pthread_mutex_destroy(&w->lock);
+  if (!err && sync && fdatasync(w->fd)) err = errno;
+  if (w->dfd >= 0) close(w->dfd);
+  if (w->fd >= 0) close(w->fd);
+  free(w->buf[0]);
+  free(w->buf[1]);
+  free(w);
+  return err;
+}
+
+struct zt_fs_reader {
+  int fd, dfd; /* through the page cache; O_DIRECT (-1: not allowed here) */
+  char *buf;   /* DIO_ALIGN-aligned, cap bytes: file bytes [lo, lo + have) */
+  size_t cap, have;
+  long long lo;
+};
+
+int zt_fs_reader_open(zt_fs_reader **out, const char *path, size_t buffer) {
+  zt_fs_reader *r = calloc(1, sizeof *r);
+  *out = NULL;
+  if (!r) return ENOMEM;
+  r->cap = buffer < (size_t)DIO_ALIGN ? (size_t)DIO_ALIGN : buffer / DIO_ALIGN * DIO_ALIGN;
+  r->dfd = -1;
+  r->fd = open(path, O_RDONLY | O_CLOEXEC);
+  int err = r->fd < 0 ? errno : posix_memalign((void **)&r->buf, DIO_ALIGN, r->cap);
+  if (err) {
+    zt_fs_reader_close(r);
+    return err;
+  }
+  r->dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+  *out = r;
+  return 0;
+}
+
+/* Reads up to n bytes at off, fewer only where the file ends: the count,
+ * or -1 with errno. */
+static ssize_t pread_upto(int fd, char *p, size_t n, long long off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = pread(fd, p + got, n - got, (off_t)(off + (long long)got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return -1;
+    if (k == 0) break;
+    got += (size_t)k;
+  }
+  return (ssize_t)got;
+}
+
+int zt_fs_reader_get(zt_fs_reader *r, void *dst, size_t n, long long off, int direct) {
+  char *p = dst;
+  if (!direct || r->dfd < 0) return zt_fs_pread(r->fd, dst, n, off);
+  while (n) {
+    if (off < r->lo || off >= r->lo + (long long)r->have) { /* not staged: read its blocks */
+      long long lo = off / DIO_ALIGN * DIO_ALIGN;
+      size_t want = (size_t)((off + (long long)n - lo + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN);
+      ssize_t k = pread_upto(r->dfd, r->buf, want < r->cap ? want : r->cap, lo);
+      if (k < 0 && errno == EINVAL) { /* the file system takes O_DIRECT opens, not reads */
+        close(r->dfd);
+        r->dfd = -1;
+        return zt_fs_pread(r->fd, p, n, off);
+      }
+      if (k < 0) return errno;
+      r->lo = lo, r->have = (size_t)k;
+      if (off >= lo + k) return EIO; /* the file ends first */
+    }
+    size_t at = (size_t)(off - r->lo), k = r->have - at < n ? r->have - at : n;
+    memcpy(p, r->buf + at, k);
+    p += k, n -= k, off += (long long)k;
+  }
+  return 0;
+}
+
+void zt_fs_reader_close(zt_fs_reader *r) {
+  if (!r) return;
+  if (r->dfd >= 0) close(r->dfd);
+  if (r->fd >= 0) close(r->fd);
+  free(r->buf);
+  free(r);
+}
+
+int zt_fs_reserve(const char *path, long long size) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int err = size > 0 && fallocate(fd, 0, 0, (off_t)size) ? errno : 0;
+  close(fd);
+  return err == EOPNOTSUPP || err == ENOSYS ? 0 : err;
 }
 
 int zt_fs_sync(const char *path) {

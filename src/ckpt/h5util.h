@@ -6,6 +6,7 @@
 #define ZT_H5UTIL_H
 
 #include <hdf5.h>
+#include <stddef.h>
 
 #include "src/core/err.h"
 
@@ -29,6 +30,59 @@ const char *zt_h5_error_reason(char *buf, size_t n);
 /* Bytes free to this user on the file system holding `path` (a folder),
  * or -1 when unknown. */
 long long zt_fs_free_bytes(const char *path);
+
+/* Writes n bytes at offset off of fd, resuming after short writes and
+ * signals: 0, or the errno of the failure. */
+int zt_fs_pwrite(int fd, const void *buf, size_t n, long long off);
+/* Reads n bytes at offset off of fd: 0, or the errno of the failure (EIO
+ * when the file ends first). */
+int zt_fs_pread(int fd, void *buf, size_t n, long long off);
+
+/* Writes runs of bytes at given offsets of an existing file, for data
+ * that is written once and not read back soon (checkpoints): through the
+ * page cache only what cannot bypass it. Each run's whole 4 KiB blocks go
+ * out with O_DIRECT from an aligned staging buffer (adjacent runs are
+ * merged into large writes); the partial blocks at a run's ends, which
+ * other writers of the file (another rank, HDF5's metadata) may share,
+ * go through the page cache, where writes to one block merge. Where the
+ * file system refuses O_DIRECT, everything goes through the page cache.
+ * Several processes may write disjoint runs of one file at once. */
+typedef struct zt_fs_writer zt_fs_writer;
+
+/* Opens path (which exists) for writing with a staging buffer of about
+ * `buffer` bytes: 0, or the errno of the failure. */
+int zt_fs_writer_open(zt_fs_writer **w, const char *path, size_t buffer);
+/* Writes n bytes from src at offset off (they may wait in the staging
+ * buffer until a flush): 0, or the errno of a failed write (this one or an
+ * earlier one). */
+int zt_fs_writer_put(zt_fs_writer *w, const void *src, size_t n, long long off);
+/* Writes what waits in the staging buffer: 0 or the first errno. */
+int zt_fs_writer_flush(zt_fs_writer *w);
+/* Writes what waits in the staging buffer; with sync, then makes the
+ * file's data durable (fdatasync); closes and frees. 0 or an errno. */
+int zt_fs_writer_close(zt_fs_writer *w, int sync);
+
+/* Reads runs of bytes at given offsets of a file. A run read with
+ * `direct` bypasses the page cache (O_DIRECT, whole 4 KiB blocks around
+ * the run through an aligned staging buffer): for data this process alone
+ * reads, once. Without it, or where the file system refuses O_DIRECT, it
+ * goes through the page cache: for data other processes of the node read
+ * too, which then find it there. */
+typedef struct zt_fs_reader zt_fs_reader;
+
+/* 0, or the errno of the failure. */
+int zt_fs_reader_open(zt_fs_reader **r, const char *path, size_t buffer);
+/* Reads n bytes at offset off into dst: 0, or the errno of the failure
+ * (EIO when the file ends first). */
+int zt_fs_reader_get(zt_fs_reader *r, void *dst, size_t n, long long off, int direct);
+void zt_fs_reader_close(zt_fs_reader *r);
+
+/* Allocates the file's blocks up to `size` bytes (fallocate), so that
+ * writers fill allocated space: ext4 then takes concurrent O_DIRECT
+ * writes to one file in parallel instead of one at a time, and a full
+ * disk fails here, before any data is written. 0, or the errno (a file
+ * system that cannot preallocate is not an error: 0). */
+int zt_fs_reserve(const char *path, long long size);
 
 /* fsync a file or folder by path; 0 on success. */
 int zt_fs_sync(const char *path);
