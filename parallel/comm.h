@@ -138,6 +138,10 @@ void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
 void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
                             const int *displs, zt_req *r);
 void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r);
+/* The same, blocking (watched): for reductions waited for at once, which
+ * then take MPI's faster blocking algorithms. */
+void zt_comm_reduce_scatter_f32(zt_comm *c, const float *send, float *recv, const int *counts);
+void zt_comm_allgather_f32(zt_comm *c, float *buf, const int *counts, const int *displs);
 /* Point-to-point (pipeline activations and gradients): n floats to or
  * from member `peer` with `tag`. Bytes are counted on the sender. */
 void zt_comm_isend_f32(zt_comm *c, const float *buf, size_t n, int peer, int tag, zt_req *r);
@@ -146,6 +150,13 @@ void zt_comm_irecv_f32(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_r
  * a pipeline stage in its bubble leaves the core to the others. */
 void zt_comm_wait_idle(zt_req *r);
 void zt_comm_allreduce_max_f64(zt_comm *c, double *x, size_t n);
+
+/* A thread other than the main one says it makes MPI calls from now on
+ * (a background checkpoint writer) and when it stops: while one does, the
+ * main thread's collectives drop the lock between tests instead of
+ * blocking in MPI. */
+void zt_comm_thread_attach(void);
+void zt_comm_thread_detach(void);
 
 /* The lock every MPI call of the process is made under (the watchdog
  * thread takes it too). */

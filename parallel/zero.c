@@ -363,18 +363,15 @@ void zt_zero_grads_begin(zt_zero *z) {
 }
 
 void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
-  zt_req r;
   switch (z->cfg.stage) {
     case 0:
-      zt_comm_iallreduce_f32(z->dp, z->g_full, (size_t)z->numel, &r);
-      zt_comm_wait(&r);
+      zt_comm_allreduce(z->dp, z->g_full, (size_t)z->numel, ZT_F32, ZT_SUM);
       *w = z->w_full;
       *g = z->g_full;
       return;
     case 1:
       /* in place: this rank's part lands at the start of g_full */
-      zt_comm_ireduce_scatter_f32(z->dp, z->g_full, z->g_full, z->counts, &r);
-      zt_comm_wait(&r);
+      zt_comm_reduce_scatter_f32(z->dp, z->g_full, z->g_full, z->counts);
       *w = z->w_full + z->lo;
       *g = z->g_full;
       return;
@@ -396,9 +393,7 @@ void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
 
 void zt_zero_params_sync(zt_zero *z) {
   if (z->cfg.stage != 1 && z->cfg.stage != 2) return;
-  zt_req r;
-  zt_comm_iallgather_f32(z->dp, z->w_full, z->counts, z->displs, &r);
-  zt_comm_wait(&r);
+  zt_comm_allgather_f32(z->dp, z->w_full, z->counts, z->displs);
 }
 
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src) {

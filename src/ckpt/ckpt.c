@@ -682,6 +682,9 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   zt_comm_dup(&s->grid->world, "ckpt", &a->comm);
   pthread_mutex_init(&a->gate_lock, NULL);
   pthread_cond_init(&a->gate, NULL);
+  /* from here on the training's collectives leave the lock to the writer;
+   * every rank says so before any writer starts (the gate below) */
+  zt_comm_thread_attach();
   int started = pthread_create(&a->thread, NULL, async_run, a) == 0;
   rc = zt_comm_agree(&s->grid->world,
                      started ? ZT_OK : zt_err_set(e, ZT_ERUNTIME, "cannot start the checkpoint "
@@ -703,6 +706,7 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
 int zt_ckpt_async_wait(zt_ckpt_async *a, zt_err *e) {
   if (!a->comm.world_ranks) return ZT_OK; /* none started */
   if (a->active) pthread_join(a->thread, NULL);
+  zt_comm_thread_detach();
   pthread_cond_destroy(&a->gate);
   pthread_mutex_destroy(&a->gate_lock);
   zt_comm_free(&a->comm);

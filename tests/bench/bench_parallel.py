@@ -15,6 +15,11 @@ step times overlap / no-overlap (below 1 is a gain). With two ranks on two
 cores there is little idle compute to hide communication behind, so a ratio
 near 1 is the expected result here, not a failure.
 
+dp: data-parallel scaling on 2 ranks x 1 thread (weak: each rank the
+micro-batch one process trains), ztrain ZeRO 0-3 against its own single
+process, and with --torch-python PyTorch DDP and FSDP2 over gloo against
+PyTorch's single process (tests/bench/torch_dp_bench.py).
+
 degree1: one process, OMP_NUM_THREADS=2, the "small" shape of
 bench_vs_torch.py, with the current binary against the foundation's
 single-process path (the binary built from --baseline-rev, by default the
@@ -205,6 +210,61 @@ def bench_overlap(args, workdir):
             "runs": runs["overlap"], "reference_runs": runs["no-overlap"]}
 
 
+# dp: data-parallel scaling, weak: every rank trains the micro-batch one
+# process trains alone, so the ideal 2-rank step takes as long as the
+# 1-process one; efficiency = 1-process ms / 2-rank ms. 1 thread per rank.
+DP_SHAPE = dict(vocab=8192, seq=128, dim=256, layers=4, heads=4, micro_batch=8)
+DP_RANKS = 2
+
+
+def run_torch(python, mode, workdir, steps, warmup):
+    script = os.path.join(HERE, "torch_dp_bench.py")
+    shape = ["--vocab", str(DP_SHAPE["vocab"]), "--seq", str(DP_SHAPE["seq"]),
+             "--dim", str(DP_SHAPE["dim"]), "--layers", str(DP_SHAPE["layers"]),
+             "--heads", str(DP_SHAPE["heads"]), "--micro-batch", str(DP_SHAPE["micro_batch"]),
+             "--steps", str(steps), "--warmup", str(warmup), "--mode", mode]
+    if mode == "single":
+        cmd = [python, script] + shape
+    else:
+        torchrun = os.path.join(os.path.dirname(python), "torchrun")
+        cmd = [torchrun, "--nproc_per_node", str(DP_RANKS), "--master_port", "29517",
+               script] + shape
+    out = run(cmd, env=env_with(OMP_NUM_THREADS=1), cwd=workdir)
+    r = json.loads(out.strip().splitlines()[-1])
+    return {"ms_median": r["ms_median"], "ms_all": r["ms_all"]}
+
+
+def bench_dp(args, workdir):
+    total = args.steps + args.warmup
+    one = dict(DP_SHAPE, global_batch=DP_SHAPE["micro_batch"])
+    two = dict(DP_SHAPE, global_batch=DP_SHAPE["micro_batch"] * DP_RANKS)
+    s1, s2 = prepare(workdir, "dp1", one, total), prepare(workdir, "dp2", two, total)
+    env = env_with(OMP_NUM_THREADS=1, **MPI_ENV)
+    mpi = [args.mpirun, "-np", str(DP_RANKS), "--bind-to", "none", "-x", "OMP_NUM_THREADS"]
+    sides = [("ztrain np1", lambda: run_ztrain([args.ztrain, s1], env, workdir, one,
+                                                args.steps, args.warmup))]
+    for z in range(4):
+        sides.append((f"ztrain zero {z}", lambda z=z: run_ztrain(
+            mpi + [args.ztrain, s2, "-e", f"parallel.zero = {z}"], env, workdir, two,
+            args.steps, args.warmup)))
+    if args.torch_python:
+        for mode in ("single", "ddp", "fsdp2"):
+            sides.append((f"torch {mode}", lambda m=mode: run_torch(
+                args.torch_python, m, workdir, args.steps, args.warmup)))
+    runs = interleaved("dp", sides, args.repeats)
+    med = {name: statistics.median(r["ms_median"] for r in rs) for name, rs in runs.items()}
+    rows = []
+    for name in med:
+        if name in ("ztrain np1", "torch single"):
+            continue
+        base = "ztrain np1" if name.startswith("ztrain") else "torch single"
+        rows.append({"side": name, "ms": med[name], "single_ms": med[base],
+                     "efficiency": med[base] / med[name],
+                     "added_ms": med[name] - med[base]})
+    return {"part": "dp", **DP_SHAPE, "ranks": DP_RANKS, "threads_per_rank": 1,
+            "rows": rows, "medians": med, "runs": runs}
+
+
 def find_baseline_rev():
     out = run(["git", "-C", REPO, "log", "--format=%H", "--grep", BASELINE_SUBJECT]).split()
     if not out:
@@ -287,9 +347,24 @@ def bench_degree1(args, workdir):
 
 
 def markdown(results):
-    lines = ["| part | setup | measured | ms/step | reference | ms/step | ratio | target |",
-             "|---|---|---|---:|---|---:|---:|---:|"]
+    lines = []
     for r in results:
+        if r["part"] != "dp":
+            continue
+        lines += [f"dp scaling: {r['ranks']} ranks x 1 thread, each micro-batch {r['micro_batch']}"
+                  f" x {r['seq']} (L{r['layers']} C{r['dim']} V{r['vocab']}); efficiency = "
+                  "1-process ms / 2-rank ms", "",
+                  "| side | 2-rank ms/step | 1-process ms/step | added ms | efficiency |",
+                  "|---|---:|---:|---:|---:|"]
+        for row in r["rows"]:
+            lines.append(f"| {row['side']} | {row['ms']:.1f} | {row['single_ms']:.1f} | "
+                         f"{row['added_ms']:.1f} | {row['efficiency']:.3f} |")
+        lines.append("")
+    lines += ["| part | setup | measured | ms/step | reference | ms/step | ratio | target |",
+              "|---|---|---|---:|---|---:|---:|---:|"]
+    for r in results:
+        if r["part"] == "dp":
+            continue
         if r["part"] == "overlap":
             setup = (f"np {r['ranks']}, dp {r['ranks']}, zero 2, accum {r['accum']}, "
                      f"{r['bucket_bytes'] >> 20} MiB buckets, 1 thread/rank")
@@ -305,7 +380,10 @@ def markdown(results):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=["overlap", "degree1", "all"], default="all")
+    p.add_argument("--part", choices=["overlap", "degree1", "dp", "all"], default="all")
+    p.add_argument("--torch-python", metavar="PATH",
+                   help="dp: a python with PyTorch 2.x (e.g. /tmp/t2/bin/python) for the DDP "
+                        "and FSDP2 references; without it only ztrain is measured")
     p.add_argument("--steps", type=int, default=8, help="timed steps per run (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per run (default 2)")
     p.add_argument("--repeats", type=int, default=3,
@@ -328,15 +406,15 @@ def main():
     if not os.access(args.ztrain, os.X_OK):
         p.error(f"{args.ztrain} is not an executable (build with cmake --build build)")
     args.ztrain = os.path.abspath(args.ztrain)
-    parts = ["overlap", "degree1"] if args.part == "all" else [args.part]
+    parts = ["overlap", "degree1", "dp"] if args.part == "all" else [args.part]
 
     # Other work on the machine skews both sides; the load average tells a
     # reader of the numbers whether they were taken on a quiet machine.
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ztrain_bench_parallel_") as workdir:
-        results = [(bench_overlap if part == "overlap" else bench_degree1)(args, workdir)
-                   for part in parts]
+        benches = {"overlap": bench_overlap, "degree1": bench_degree1, "dp": bench_dp}
+        results = [benches[part](args, workdir) for part in parts]
     load_after = os.getloadavg()[0]
 
     print(markdown(results))
