@@ -22,6 +22,9 @@ typedef struct zt_adamw_args {
   float eps;
   float step;      /* lr / (1 - beta1^t) */
   float bc2_sqrt;  /* sqrt(1 - beta2^t) */
+  float gscale;    /* each gradient times this as it is read (the clipping
+                    * coefficient; 1 = none): the same float product as
+                    * scaling the gradients first, without a pass over them */
 } zt_adamw_args;
 
 typedef struct zt_backend {

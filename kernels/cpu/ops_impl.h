@@ -443,15 +443,16 @@ size_t FN(adamw)(real *p, const real *g, real *m, real *v, size_t n,
                  const zt_adamw_args *a) {
   /* Same order of operations as torch.optim.AdamW (single-tensor path). */
   real decay = a->decay, b1 = a->b1, c1 = a->c1, b2 = a->b2, c2 = a->c2;
-  real eps = a->eps, step = a->step, bc2s = a->bc2_sqrt;
+  real eps = a->eps, step = a->step, bc2s = a->bc2_sqrt, gs = a->gscale;
   /* Counting here, while p[i] is still in a register, costs a compare and
    * an add per element; a check afterwards would read every weight again. */
   size_t bad = 0;
 #pragma omp parallel for reduction(+ : bad)
   for (size_t i = 0; i < n; i++) {
+    real gi = g[i] * gs;
     p[i] *= decay;
-    m[i] = b1 * m[i] + c1 * g[i];
-    v[i] = b2 * v[i] + c2 * g[i] * g[i];
+    m[i] = b1 * m[i] + c1 * gi;
+    v[i] = b2 * v[i] + c2 * gi * gi;
     p[i] -= step * m[i] / (sqrt(v[i]) / bc2s + eps);
     bad += !isfinite(p[i]);
   }

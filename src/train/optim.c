@@ -34,26 +34,27 @@ double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any)
   return s;
 }
 
-double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
-                     const zt_optim_range *r, double global_sumsq) {
+double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale) {
   double norm = sqrt(global_sumsq);
+  *gscale = 1;
   if (c->clip > 0) {
     /* the same coefficient and epsilon as clip_grad_norm_ */
     double coef = c->clip / (norm + 1e-6);
-    if (coef < 1) m->be->scale(r->g, (float)coef, (size_t)(r->hi - r->lo));
+    if (coef < 1) *gscale = (float)coef;
   }
   return norm;
 }
 
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
-                       const zt_optim_range *r, int64_t t, int *first_bad) {
+                       const zt_optim_range *r, int64_t t, float gscale, int *first_bad) {
   double lr = zt_lr_at(&c->lr, t - 1);
   zt_adamw_args args = {
       .b1 = (float)c->beta1, .c1 = (float)(1 - c->beta1),
       .b2 = (float)c->beta2, .c2 = (float)(1 - c->beta2),
       .eps = (float)c->eps,
       .step = (float)(lr / (1 - pow(c->beta1, (double)t))),
-      .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)t))};
+      .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)t)),
+      .gscale = gscale};
   *first_bad = -1;
   FOR_EACH_PIECE(m, r, tensor, a, n, {
     args.decay = (float)(1 - lr * (tensor->ndim >= 2 ? c->weight_decay : 0));

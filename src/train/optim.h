@@ -45,10 +45,11 @@ typedef struct zt_optim_range {
  * whose range duplicates another's (data parallelism without sharding). */
 double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any);
 
-/* Clips by the global norm sqrt(global_sumsq) (as clip_grad_norm_) and
- * returns the norm. */
-double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
-                     const zt_optim_range *r, double global_sumsq);
+/* Clipping by the global norm sqrt(global_sumsq), as clip_grad_norm_:
+ * returns the norm and sets *gscale to the coefficient the gradients are
+ * to be multiplied by (1 when they are not clipped), which
+ * zt_optim_update applies as it reads them. */
+double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale);
 
 /* One AdamW update of the range at step `t` (1-based, after this update:
  * the count of applied updates, which skipped steps do not advance);
@@ -56,7 +57,7 @@ double zt_optim_clip(const zt_optim_cfg *c, const zt_model *m,
  * dimensions only. *first_bad: the parameter-table index of the first
  * tensor with a weight that this update left non-finite, or -1. */
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
-                       const zt_optim_range *r, int64_t t, int *first_bad);
+                       const zt_optim_range *r, int64_t t, float gscale, int *first_bad);
 
 /* Where the range first holds a non-finite value, in parameter-table
  * order, weights before gradients: i for a weight of tensor i,

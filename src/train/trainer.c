@@ -316,9 +316,12 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
                       c->max_bad_steps, st->nonfinite);
   } else {
     t->bad_run = 0;
-    st->grad_norm = zt_optim_clip(&c->optim, m, &r, sums[1]);
+    /* the clipping coefficient is applied inside AdamW: one pass less
+     * over the gradients (a 124M model: 1 GB of memory traffic a step) */
+    float gscale;
+    st->grad_norm = zt_optim_clip(&c->optim, sums[1], &gscale);
     int first;
-    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, &first);
+    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, &first);
     /* Finite gradients can still make non-finite weights (a huge learning
      * rate); they must stop the run before any checkpoint holds them. */
     double key = -(first >= 0 ? first : m->n_params);

@@ -603,13 +603,16 @@ static void test_adamw(void **state) {
     zt_adamw_args a = {.decay = (float)(1 - lr * wd), .b1 = (float)b1,
                        .c1 = (float)(1 - b1), .b2 = (float)b2, .c2 = (float)(1 - b2),
                        .eps = (float)eps, .step = (float)(lr / (1 - pow(b1, t))),
-                       .bc2_sqrt = (float)sqrt(1 - pow(b2, t))};
+                       .bc2_sqrt = (float)sqrt(1 - pow(b2, t)),
+                       .gscale = t == 3 ? 0.37f : 1}; /* step 3: clipped */
     zt_cpu_f64_adamw(p, g, m, v, n, &a);
-    /* torch.optim.AdamW, single-tensor path, with those coefficients */
+    /* clip_grad_norm_ then torch.optim.AdamW, single-tensor path, with
+     * those coefficients */
     for (int i = 0; i < n; i++) {
+      double gi = g[i] * a.gscale;
       rp[i] *= a.decay;
-      rm[i] = a.b1 * rm[i] + a.c1 * g[i];
-      rv[i] = a.b2 * rv[i] + a.c2 * g[i] * g[i];
+      rm[i] = a.b1 * rm[i] + a.c1 * gi;
+      rv[i] = a.b2 * rv[i] + a.c2 * gi * gi;
       rp[i] -= a.step * rm[i] / (sqrt(rv[i]) / a.bc2_sqrt + a.eps);
     }
     expect_close("adamw p", relerr(p, rp, n), 1e-14);
