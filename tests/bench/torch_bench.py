@@ -30,6 +30,32 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import ztorch  # noqa: E402
 
 
+def time_steps(model, opt, vocab, B, T, warmup, steps, step_model=None, generator=None,
+               before_step=None):
+    """Trains warmup + steps steps on random tokens; the ms of the last
+    `steps`. A step is forward, cross-entropy, backward,
+    clip_grad_norm_(1.0), the optimizer and zero_grad; the batch is drawn
+    (and before_step runs) outside the timed region."""
+    step_model = step_model or model
+    ms_all = []
+    for i in range(warmup + steps):
+        rows = torch.randint(0, vocab, (B, T + 1), generator=generator)
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        if before_step:
+            before_step()
+        t0 = time.perf_counter()
+        logits = step_model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        if i >= warmup:
+            ms_all.append(elapsed * 1e3)
+    return ms_all
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["gpt", "llama"], default="gpt")
@@ -78,21 +104,7 @@ def main() -> None:
     step_model = torch.compile(model) if args.compile else model
 
     B, T = args.micro_batch, args.seq
-    ms_all = []
-    for i in range(args.warmup + args.steps):
-        # Data generation stays outside the timed region: only the step counts.
-        rows = torch.randint(0, args.vocab, (B, T + 1))
-        inputs, targets = rows[:, :-1], rows[:, 1:]
-        t0 = time.perf_counter()
-        logits = step_model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - t0
-        if i >= args.warmup:
-            ms_all.append(elapsed * 1e3)
+    ms_all = time_steps(model, opt, args.vocab, B, T, args.warmup, args.steps, step_model)
 
     ms_median = statistics.median(ms_all)
     print(json.dumps({

@@ -18,14 +18,13 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
 import ztorch  # noqa: E402
+from torch_bench import time_steps  # noqa: E402
 
 
 def main() -> None:
@@ -64,22 +63,9 @@ def main() -> None:
 
     B, T = args.micro_batch, args.seq
     g = torch.Generator().manual_seed(rank)
-    ms_all = []
-    for i in range(args.warmup + args.steps):
-        rows = torch.randint(0, args.vocab, (B, T + 1), generator=g)
-        inputs, targets = rows[:, :-1], rows[:, 1:]
-        if world > 1:
-            dist.barrier()  # every rank starts the step together, as ztrain's do
-        t0 = time.perf_counter()
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - t0
-        if i >= args.warmup:
-            ms_all.append(elapsed * 1e3)
+    # every rank starts the step together, as ztrain's do
+    ms_all = time_steps(model, opt, args.vocab, B, T, args.warmup, args.steps, generator=g,
+                        before_step=dist.barrier if world > 1 else None)
     if world > 1:
         # a step ends for the job when its slowest rank ends it
         t = torch.tensor(ms_all, dtype=torch.float64)
