@@ -165,7 +165,7 @@ int zt_cpu_gemm_check(char *why, size_t n) {
       rc = -1;
     }
     /* op(A)[i,p], op(B)[p,j] and C0[i,j] by formula; want = 0.5 op(A) op(B) + C0 */
-#define ZT_OPA(i, p) ((float)((int)(((i) * 7 + (p) * 3) % 7) - 3))
+#define ZT_OPA(i, p) ((float)((int)(((i) * 2 + (p) * 3) % 7) - 3))
 #define ZT_OPB(p, j) ((float)((int)(((p) * 5 + (j) * 2) % 7) - 3))
 #define ZT_C0(i, j) ((float)((int)(((i) + (j)) % 5) - 2))
     if (!rc) { /* the plain product, with op(A) in a and op(B)^T in b for now */
