@@ -1,8 +1,10 @@
 /* gemm_path: see gemm_path.h. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "kernels/cpu/gemm_path.h"
 
 #include <cblas.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,4 +391,54 @@ int zt_cpu_gemm_select(char **argv, char *why, size_t n) {
         zt_cpu_isa_name(p->core_isa), zt_cpu_isa_name(p->cpu_isa),
         dynamic ? "has none better" : "was built for one CPU (no DYNAMIC_ARCH)");
   return 0;
+}
+
+/* The clock for the CPU's peak, in GHz. The peak must bound what the
+ * vector units can do, so the highest clock the system states wins:
+ * cpufreq's maximum (turbo included) where the kernel exposes it; else
+ * the larger of the nominal clock in the model name ("@ 2.80GHz",
+ * Intel's; all a VM usually shows) and /proc/cpuinfo's "cpu MHz" (the
+ * current clock; AMD's names carry none). Not measured: a timing loop costs start-up time and
+ * reads low exactly when the cores are busy, which is one of the things
+ * the peak is there to reveal. A clock above the stated one (turbo in a
+ * VM) shows as a measured rate above the peak, and then the measured
+ * rate is the peak. */
+double zt_cpu_clock_ghz(const char **from) {
+  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
+  double khz = 0;
+  if (f) {
+    if (fscanf(f, "%lf", &khz) != 1) khz = 0;
+    fclose(f);
+    if (khz > 0) {
+      *from = "cpufreq maximum";
+      return khz / 1e6;
+    }
+  }
+  double named = 0, mhz = 0;
+  char line[512];
+  f = fopen("/proc/cpuinfo", "r");
+  while (f && fgets(line, sizeof line, f) && !(named > 0 && mhz > 0)) {
+    if (!strncmp(line, "model name", 10) && named <= 0) {
+      const char *at = strrchr(line, '@');
+      if (at) named = strtod(at + 1, NULL);
+      if (!strstr(line, "GHz")) named = 0;
+    } else if (!strncmp(line, "cpu MHz", 7) && mhz <= 0) {
+      const char *c = strchr(line, ':');
+      if (c) mhz = strtod(c + 1, NULL);
+    }
+  }
+  if (f) fclose(f);
+  if (named > 0 && named >= mhz / 1e3) {
+    *from = "nominal, in the model name";
+    return named;
+  }
+  *from = "/proc/cpuinfo cpu MHz";
+  return mhz / 1e3;
+}
+
+int zt_cpu_cores(void) {
+  cpu_set_t set;
+  if (!sched_getaffinity(0, sizeof set, &set)) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
 }

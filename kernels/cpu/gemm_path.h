@@ -78,6 +78,16 @@ int zt_cpu_gemm_check(char *why, size_t n);
 
 const char *zt_cpu_isa_name(int isa);
 
+/* The highest clock the system states for this CPU, in GHz (0 when none):
+ * cpufreq's maximum, else the nominal clock in the model name or
+ * /proc/cpuinfo's cpu MHz; *from says which. Part of the CPU's peak
+ * (threads x clock x flops_per_cycle), which must bound what the vector
+ * units can do. */
+double zt_cpu_clock_ghz(const char **from);
+
+/* The cores this process may run on (its affinity mask). */
+int zt_cpu_cores(void);
+
 /* The float GEMM of the backend (cblas_sgemm's arguments; row-major):
  * oneDNN's or OpenBLAS's, as zt_cpu_gemm_select decided (before it runs:
  * oneDNN's where ztrain is built with it). */

@@ -1,12 +1,10 @@
 /* report: see report.h. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "src/train/report.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -150,56 +148,6 @@ double zt_report_measure_peak_gflops(const zt_backend *be) {
   return best / 1e9;
 }
 
-/* The clock for the CPU's peak, in GHz. The peak must bound what the
- * vector units can do, so the highest clock the system states wins:
- * cpufreq's maximum (turbo included) where the kernel exposes it; else
- * the larger of the nominal clock in the model name ("@ 2.80GHz",
- * Intel's; all a VM usually shows) and /proc/cpuinfo's "cpu MHz" (the
- * current clock; AMD's names carry none). Not measured: a timing loop costs start-up time and
- * reads low exactly when the cores are busy, which is one of the things
- * the peak is there to reveal. A clock above the stated one (turbo in a
- * VM) shows as a measured rate above the peak, and then the measured
- * rate is the peak. */
-static double cpu_clock_ghz(const char **from) {
-  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
-  double khz = 0;
-  if (f) {
-    if (fscanf(f, "%lf", &khz) != 1) khz = 0;
-    fclose(f);
-    if (khz > 0) {
-      *from = "cpufreq maximum";
-      return khz / 1e6;
-    }
-  }
-  double named = 0, mhz = 0;
-  char line[512];
-  f = fopen("/proc/cpuinfo", "r");
-  while (f && fgets(line, sizeof line, f) && !(named > 0 && mhz > 0)) {
-    if (!strncmp(line, "model name", 10) && named <= 0) {
-      const char *at = strrchr(line, '@');
-      if (at) named = strtod(at + 1, NULL);
-      if (!strstr(line, "GHz")) named = 0;
-    } else if (!strncmp(line, "cpu MHz", 7) && mhz <= 0) {
-      const char *c = strchr(line, ':');
-      if (c) mhz = strtod(c + 1, NULL);
-    }
-  }
-  if (f) fclose(f);
-  if (named > 0 && named >= mhz / 1e3) {
-    *from = "nominal, in the model name";
-    return named;
-  }
-  *from = "/proc/cpuinfo cpu MHz";
-  return mhz / 1e3;
-}
-
-static int cores_here(void) {
-  cpu_set_t set;
-  if (!sched_getaffinity(0, sizeof set, &set)) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
-
 static double cpu_seconds(void) {
   struct timespec t;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
@@ -210,9 +158,9 @@ void zt_report_peak(const zt_backend *be, int measure, zt_peak *pk) {
   memset(pk, 0, sizeof *pk);
   const zt_gemm_path *gp = zt_cpu_gemm_path();
   pk->threads = omp_get_max_threads();
-  pk->cores = cores_here();
+  pk->cores = zt_cpu_cores();
   pk->flops_per_cycle = gp->flops_per_cycle;
-  pk->ghz = cpu_clock_ghz(&pk->clock_from);
+  pk->ghz = zt_cpu_clock_ghz(&pk->clock_from);
   /* threads beyond the cores add no FLOPs */
   int used = pk->threads < pk->cores ? pk->threads : pk->cores;
   pk->cpu = used * pk->ghz * pk->flops_per_cycle;
