@@ -235,6 +235,13 @@ local function stages_value(v)
   return out
 end
 
+-- train.recompute: "none", "full" or a function of a block, resolved
+-- per block once the pipeline's stages are known (resolve_recompute)
+local function recompute_value(v)
+  if v == "none" or v == "full" or type(v) == "function" then return v end
+  return nil, '"none", "full" or a function(block) returning true or false'
+end
+
 local specs = {
   parallel = {
     dp = { dp_value, default = "auto" },
@@ -260,6 +267,7 @@ local specs = {
     eval_every = { integer(0, INT_MAX), default = 0 },
     peak_gflops = { real(0, false), default = 0.0 },
     max_bad_steps = { integer(1, INT_MAX), default = 5 },
+    recompute = { recompute_value, default = "none" },
   },
   data = {
     train = { str, required = true },
@@ -388,6 +396,33 @@ local function partition(fail, model, pp, chunks, explicit)
   return out
 end
 
+-- train.recompute as one boolean per block (a list indexed from 1 for
+-- block 0). The function form is called once per block with {index (from
+-- 0, as in parallel.stages), layers, stage, chunk}; what it raises is
+-- reported at the user's line, what it returns must be a boolean.
+local function resolve_recompute(fail, rc, layers, stages, pp)
+  local out = {}
+  for v, r in ipairs(stages) do
+    for l = r[1], r[2] do
+      local on = rc == "full"
+      if type(rc) == "function" then
+        local ok, res = pcall(rc, { index = l, layers = layers, stage = (v - 1) % pp,
+                                    chunk = (v - 1) // pp })
+        if not ok then
+          fail(string.format("train.recompute failed for block %d: %s", l, tostring(res)))
+        end
+        if type(res) ~= "boolean" then
+          fail(string.format("train.recompute must return true or false for each block; for "
+                             .. "block %d it returned %s", l, describe(res)))
+        end
+        on = res
+      end
+      out[l + 1] = on
+    end
+  end
+  return out
+end
+
 -- Called by C after the script and every -e statement have run: returns
 -- the checked, normalised plan (plain tables, nothing a script can still
 -- change) or raises an error naming what is wrong.
@@ -433,6 +468,8 @@ function M._plan(script)
   if not s then fail(smsg) end
   plan.schedule = s
   plan.parallel.stages = partition(fail, plan.model, plan.parallel.pp, s.chunks, plan.parallel.stages)
+  plan.train.recompute = resolve_recompute(fail, plan.train.recompute, plan.model.layers,
+                                           plan.parallel.stages, plan.parallel.pp)
   local lr = plan.train.lr
   if lr.kind == "cosine" then
     lr.decay_steps = lr.decay_steps or math.max(plan.train.steps, 1)

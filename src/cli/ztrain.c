@@ -264,10 +264,16 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
                          const zt_report *rep) {
   const zt_model_cfg *c = &p->model;
   const zt_zero *z = &tr->zero;
+  int nre = 0;
+  for (int l = 0; c->recompute && l < c->layers; l++) nre += c->recompute[l] != 0;
+  char recompute[64] = "";
+  if (nre)
+    snprintf(recompute, sizeof recompute, " (%d of %d blocks recomputed)", nre, c->layers);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
          "%d threads/rank\n"
-         "model states %.1f MiB/rank (+ buffers %.1f MiB) | steps %lld..%lld | "
+         "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s | "
+         "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
          ZT_VERSION, c->arch == ZT_ARCH_GPT ? "gpt" : "llama", c->layers, c->dim, c->heads,
          c->kv_heads, c->vocab, c->seq, logical_params(m) / 1e6,
@@ -275,7 +281,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
          omp_get_max_threads(), z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
-         (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
+         m->act_bytes / 1048576.0, recompute, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
          : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
          : rep->gemm.cpu > 0                  ? "the CPU peak below"
@@ -392,6 +398,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     rc = zt_trainer_step(&tr, &st, e); /* a failure is the same on every rank */
     st.state_bytes = tr.zero.state_bytes;
     st.buffer_bytes = tr.zero.buffer_bytes;
+    st.act_bytes = (int64_t)model.act_bytes;
     zt_report_step(&rep, &st);
     if (rc) break; /* before any checkpoint of this state */
     int last = st.step == plan.train.steps;

@@ -329,6 +329,25 @@ static void read_train(lua_State *L, zt_train_cfg *t) {
   t->max_bad_steps = (int)integer(L, "max_bad_steps");
 }
 
+/* plan.train.recompute: one boolean per block (the Lua side resolved it);
+ * NULL when no block recomputes. */
+static unsigned char *read_recompute(lua_State *L, int layers) {
+  lua_getfield(L, -1, "recompute");
+  unsigned char *r = calloc((size_t)layers, 1);
+  int any = 0;
+  for (int l = 0; r && l < layers; l++) {
+    lua_geti(L, -1, l + 1);
+    any |= r[l] = (unsigned char)lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  if (!any) {
+    free(r);
+    return NULL;
+  }
+  return r;
+}
+
 static char *absolute(char *path) {
   if (!path) return NULL;
   char buf[PATH_MAX];
@@ -503,6 +522,11 @@ static char *plan_json(const zt_plan *p) {
   json_object_set_new(par, "stages", stages);
   json_object_set_new(par, "schedule", json_pack("{s:s, s:i}", "name", p->pipeline.schedule.name,
                                                  "chunks", p->pipeline.schedule.chunks));
+  /* how the run ran, not what it trains: the blocks recomputed */
+  json_t *rc = json_array();
+  for (int l = 0; m->recompute && l < m->layers; l++)
+    if (m->recompute[l]) json_array_append_new(rc, json_integer(l));
+  json_object_set_new(json_object_get(root, "train"), "recompute", rc);
   char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(root);
   return s;
@@ -574,6 +598,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     read_model(L, &p->model);
     lua_getfield(L, -2, "train");
     read_train(L, &p->train);
+    p->model.recompute = read_recompute(L, p->model.layers);
     lua_getfield(L, -3, "data");
     read_data(L, &p->data);
     lua_getfield(L, -4, "checkpoint");
@@ -611,5 +636,6 @@ void zt_plan_free(zt_plan *p) {
   free(p->data.train);
   free(p->data.val);
   free(p->ckpt.dir);
+  free((void *)p->model.recompute);
   memset(p, 0, sizeof *p);
 }

@@ -222,7 +222,7 @@ void zt_layers_embed_wgrad(zt_model *m, zt_slot *s, const float *dy) {
                    c->dim, m->vocab_start, m->vocab_local);
 }
 
-void zt_layers_block_fwd(zt_model *m, zt_slot *s, int i, int l) {
+void zt_layers_block_fwd(zt_model *m, zt_slot *s, int i, int l, int recompute) {
   const zt_model_cfg *c = &m->cfg;
   const zt_backend *be = m->be;
   const zt_block_params *b = &m->blocks[l];
@@ -243,6 +243,7 @@ void zt_layers_block_fwd(zt_model *m, zt_slot *s, int i, int l) {
     be->gelu_fwd(a->act, a->fc, (size_t)N * m->hidden);
   else
     be->swiglu_fwd(a->act, a->fc, N, m->hidden);
+  if (recompute) return;
   row_parallel_fwd(m, s->res[i + 1], a->act, b->down_w, b->down_b, a->mid, m->hidden);
 }
 

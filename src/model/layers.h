@@ -14,8 +14,10 @@ void zt_layers_embed_fwd(zt_model *m, zt_slot *s);
 /* Embedding gradient from dy [N, C] (all rows). */
 void zt_layers_embed_wgrad(zt_model *m, zt_slot *s, const float *dy);
 
-/* Block l, the i-th of its chunk: res[i] -> res[i + 1]. */
-void zt_layers_block_fwd(zt_model *m, zt_slot *s, int i, int l);
+/* Block l, the i-th of its chunk: res[i] -> res[i + 1]. recompute: only
+ * the activations backward reads, again (same values, bit for bit): the
+ * last layer, whose output is res[i + 1], is left out. */
+void zt_layers_block_fwd(zt_model *m, zt_slot *s, int i, int l, int recompute);
 /* m->dres: d res[i + 1] -> d res[i]. */
 void zt_layers_block_bwd(zt_model *m, zt_slot *s, int i, int l, int input_only);
 void zt_layers_block_wgrad(zt_model *m, zt_slot *s, int i, int l);

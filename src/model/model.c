@@ -20,29 +20,57 @@ static void *carve(carver *cv, size_t bytes) {
   return p;
 }
 
-/* One slot: residual stream, norm inputs and statistics: Ns rows (this
- * rank's share with sequence parallelism); norm outputs, the inputs of
- * column-parallel layers: all N rows. */
-static void carve_slot(zt_model *m, carver *cv, const zt_chunk *k, zt_slot *s) {
+/* Whether block l recomputes its activations in backward. */
+static int recomputed(const zt_model *m, int l) {
+  return m->cfg.recompute && m->cfg.recompute[l];
+}
+
+/* A block's saved activations: norm inputs and statistics Ns rows (this
+ * rank's share with sequence parallelism), norm outputs, the inputs of
+ * column-parallel layers, all N rows. */
+static void carve_acts(zt_model *m, carver *cv, zt_block_acts *a) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
   size_t P = (size_t)m->B * m->heads * c->seq * c->seq;
+  a->ln1 = carve(cv, N * C * f);
+  a->ln1_mean = carve(cv, Ns * f);
+  a->ln1_rstd = carve(cv, Ns * f);
+  a->qkv = carve(cv, N * m->qkv_rows * f);
+  a->att = carve(cv, N * m->att_dim * f);
+  a->probs = carve(cv, P * f);
+  a->mid = carve(cv, Ns * C * f);
+  a->ln2 = carve(cv, N * C * f);
+  a->ln2_mean = carve(cv, Ns * f);
+  a->ln2_rstd = carve(cv, Ns * f);
+  a->fc = carve(cv, N * m->fc_rows * f);
+  a->act = carve(cv, N * m->hidden * f);
+}
+
+/* One slot: the residual stream (each block's input, Ns rows) and the
+ * saved activations of the blocks that do not recompute theirs; those
+ * that do share one set (m->racts), filled again in backward. The
+ * forward of a recomputed block writes there too, overwritten by the next
+ * one: only its input, res[i], is kept. */
+static void carve_slot(zt_model *m, carver *cv, const zt_chunk *k, zt_slot *s) {
+  const zt_model_cfg *c = &m->cfg;
+  size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
   int nb = k->last - k->first + 1;
   for (int i = 0; i <= nb; i++) s->res[i] = carve(cv, Ns * C * f);
   for (int i = 0; i < nb; i++) {
     zt_block_acts *a = &s->acts[i];
-    a->ln1 = carve(cv, N * C * f);
-    a->ln1_mean = carve(cv, Ns * f);
-    a->ln1_rstd = carve(cv, Ns * f);
-    a->qkv = carve(cv, N * m->qkv_rows * f);
-    a->att = carve(cv, N * m->att_dim * f);
-    a->probs = carve(cv, P * f);
-    a->mid = carve(cv, Ns * C * f);
-    a->ln2 = carve(cv, N * C * f);
-    a->ln2_mean = carve(cv, Ns * f);
-    a->ln2_rstd = carve(cv, Ns * f);
-    a->fc = carve(cv, N * m->fc_rows * f);
-    a->act = carve(cv, N * m->hidden * f);
+    if (!recomputed(m, k->first + i)) {
+      carve_acts(m, cv, a);
+    } else {
+      *a = m->racts;
+      /* a split schedule's W runs after other blocks have been recomputed:
+       * the inputs of its weight gradients stay here until then */
+      if (m->split) {
+        a->ln1 = carve(cv, N * C * f);
+        a->att = carve(cv, N * m->att_dim * f);
+        a->ln2 = carve(cv, N * C * f);
+        a->act = carve(cv, N * m->hidden * f);
+      }
+    }
     if (!m->split) continue;
     zt_block_saved *sv = &s->saved[i];
     sv->dy_down = carve(cv, N * C * f);
@@ -69,6 +97,10 @@ static void carve_all(zt_model *m, carver *cv) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
   size_t P = (size_t)m->B * m->heads * c->seq * c->seq;
+  int any = 0;
+  for (int k = 0; k < m->n_chunks; k++)
+    for (int l = m->chunks[k].first; l <= m->chunks[k].last; l++) any |= recomputed(m, l);
+  if (any) carve_acts(m, cv, &m->racts); /* before the slots, which point at it */
   for (int k = 0; k < m->n_chunks; k++)
     for (int s = 0; s < m->chunks[k].n_slots; s++)
       carve_slot(m, cv, &m->chunks[k], &m->chunks[k].slots[s]);
@@ -333,7 +365,7 @@ double zt_model_fwd(zt_model *m, int c, int s, const int32_t *tokens,
   for (int i = 0; i < nb; i++) {
     int l = k->first + i;
     before(m, l + 1, ZT_PHASE_FWD);
-    zt_layers_block_fwd(m, sl, i, l);
+    zt_layers_block_fwd(m, sl, i, l, 0);
     after(m, l + 1, ZT_PHASE_FWD);
   }
   if (!k->head) return 0;
@@ -357,6 +389,7 @@ void zt_model_bwd(zt_model *m, int c, int s, int input_only) {
   for (int i = nb - 1; i >= 0; i--) {
     int l = k->first + i;
     before(m, l + 1, ph);
+    if (recomputed(m, l)) zt_layers_block_fwd(m, sl, i, l, 1);
     zt_layers_block_bwd(m, sl, i, l, input_only);
     after(m, l + 1, ph);
   }

@@ -42,6 +42,10 @@ typedef struct zt_model_cfg {
    * or checkpoints): the residual stream split by rows over the TP group
    * (parallel.sequence_parallel); ignored at tp = 1. */
   int sequence_parallel;
+  /* Activation recomputation (train.recompute), also how it runs: NULL,
+   * or one flag per block; a flagged block keeps only its input and runs
+   * its forward again in backward. Not owned: outlives the model. */
+  const unsigned char *recompute;
   zt_mem_budget mem; /* what zt_model_init may allocate; not what the model is */
 } zt_model_cfg;
 
@@ -192,11 +196,12 @@ typedef struct zt_model {
 
   /* device activations (in the chunks' slots) and scratch */
   float *arena;
+  zt_block_acts racts; /* the activations recomputed blocks share (in arena) */
   float *xent_stats; /* [3N] for the vocab-parallel loss (kernels.h) */
   float *dres, *dln, *datt, *dqkv, *dfc, *dact, *dprobs;
   float *dkv_w; /* kv_rep > 1: [2*hd, C] k, v weight gradient of one block */
   float *dnorm; /* sp: [4, C] a unit's partial norm gradients */
-  size_t act_bytes; /* activations and scratch of one micro-batch */
+  size_t act_bytes; /* the arena: every slot's activations and a pass's scratch */
   float *rope_cs;
   int32_t *tokens, *targets;
   float *host_losses;

@@ -67,13 +67,13 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   double step_tok_s = (double)st->tokens / (st->ms * 1e-3);
   double mfu = r->peak_flops > 0 ? 100.0 * step_tok_s * r->flops_per_token / r->peak_flops : 0;
 
-  json_t *o = json_pack("{s:I, s:o, s:o, s:o, s:I, s:o, s:{s:I, s:I}, s:I, s:I}", "step",
+  json_t *o = json_pack("{s:I, s:o, s:o, s:o, s:I, s:o, s:{s:I, s:I}, s:I, s:I, s:I}", "step",
                         (json_int_t)st->step, "loss", jnum(st->loss), "lr", jnum(st->lr),
                         "grad_norm", jnum(st->grad_norm), "tokens", (json_int_t)st->tokens,
                         "ms", jnum(st->ms), "bytes", "dp", (json_int_t)st->bytes_dp, "tp",
                         (json_int_t)st->bytes_tp, "state_bytes",
                         (json_int_t)st->state_bytes, "buffer_bytes",
-                        (json_int_t)st->buffer_bytes);
+                        (json_int_t)st->buffer_bytes, "act_bytes", (json_int_t)st->act_bytes);
   if (o && st->pipeline)
     json_object_set_new(o, "bubble", json_pack("{s:o, s:o}", "measured", jnum(st->bubble),
                                                "simulated", jnum(st->bubble_sim)));

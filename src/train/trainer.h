@@ -38,6 +38,7 @@ typedef struct zt_step_stats {
   uint64_t bytes_dp, bytes_tp;   /* bytes this rank moved on each group */
   int64_t state_bytes;           /* model states held by this rank */
   int64_t buffer_bytes;          /* ZeRO gather and bucket buffers */
+  int64_t act_bytes;             /* activation slots and scratch (zt_model.act_bytes) */
   /* pp > 1: idle share of the pipeline's makespan over all ranks,
    * measured, and simulated with this step's mean action times */
   int pipeline;

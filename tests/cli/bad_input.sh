@@ -105,6 +105,12 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
     "$(base "data.train = 'big.bin'")"
   expect 2 "global_batch 6 is not divisible by micro_batch*dp" "$np" \
     "$(base "train.micro_batch = 4; train.global_batch = 6")"
+  expect 2 'train.recompute must be "none", "full" or a function(block) returning true or false, got "some"' \
+    "$np" "$(base "train.recompute = 'some'")"
+  expect 2 "train.recompute failed for block 0: case.lua:5: no recompute today" "$np" \
+    "$(base "train.recompute = function(b) error('no recompute today') end")"
+  expect 2 "train.recompute must return true or false for each block; for block 0 it returned 1" "$np" \
+    "$(base "train.recompute = function(b) return b.index + 1 end")"
   expect 2 "(-e):1:" "$np" "$(base "")" -e "train.steps = = 3"
   expect 2 "--steps needs a non-negative integer, got 'x'" "$np" "$(base "")" --steps x
 }
