@@ -242,6 +242,31 @@ local function recompute_value(v)
   return nil, '"none", "full" or a function(block) returning true or false'
 end
 
+-- train.loss_scale: a static scale (1: none), or dynamic loss scaling with
+-- DeepSpeed's keys and defaults ("dynamic" = all defaults)
+local loss_scale_spec = {
+  initial_scale_power = { integer(0, 100), default = 16 },
+  loss_scale_window = { integer(1, INT_MAX), default = 1000 },
+  hysteresis = { integer(1, INT_MAX), default = 2 },
+  min_loss_scale = { real(0, true, true), default = 1.0 },
+  consecutive_hysteresis = { boolean, default = false },
+}
+local loss_scale_what = 'a number > 0 (a static scale), "dynamic" or {initial_scale_power = ..., '
+  .. 'loss_scale_window = ..., hysteresis = ..., min_loss_scale = ..., consecutive_hysteresis = ...}'
+local function loss_scale_value(v)
+  if type(v) == "number" then
+    local s = real(0, true, true)(v)
+    if s == nil then return nil, loss_scale_what end
+    return { dynamic = false, scale = s }
+  end
+  if v == "dynamic" then v = {} end
+  if type(v) ~= "table" then return nil, loss_scale_what end
+  local res, msg = K.check(v, loss_scale_spec, "train.loss_scale")
+  if not res then return nil, nil, msg end
+  res.dynamic = true
+  return res
+end
+
 local specs = {
   parallel = {
     dp = { dp_value, default = "auto" },
@@ -268,6 +293,7 @@ local specs = {
     peak_gflops = { real(0, false), default = 0.0 },
     max_bad_steps = { integer(1, INT_MAX), default = 5 },
     recompute = { recompute_value, default = "none" },
+    loss_scale = { loss_scale_value, default = 1.0 },
   },
   data = {
     train = { str, required = true },

@@ -160,11 +160,18 @@ static char *record_json(const zt_ckpt_state *s, int64_t step, int topology) {
                   s->m->cfg.sequence_parallel);
   } else {
     int64_t next = step * s->global_batch;
+    const zt_scaler *sc = s->scaler;
     o = json_pack("{s:{s:I, s:I, s:I}, s:{s:I}, s:f, s:I}", "data", "epoch",
                   (json_int_t)(s->samples ? next / s->samples : 0), "next_sample",
                   (json_int_t)next, "samples_per_epoch", (json_int_t)s->samples, "rng", "seed",
-                  (json_int_t)s->seed, "loss_scale", 1.0, "skipped_steps",
+                  (json_int_t)s->seed, "loss_scale", sc ? sc->scale : 1.0, "skipped_steps",
                   (json_int_t)(s->skipped ? *s->skipped : 0));
+    if (o && sc && sc->cfg.dynamic)
+      json_object_set_new(o, "loss_scaler",
+                          json_pack("{s:f, s:I, s:I, s:i}", "scale", sc->scale, "iter",
+                                    (json_int_t)sc->iter, "last_overflow_iter",
+                                    (json_int_t)sc->last_overflow_iter, "hysteresis",
+                                    sc->hysteresis_left));
   }
   char *txt = json_dumps(o, JSON_COMPACT);
   json_decref(o);
@@ -657,6 +664,10 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   a->step = *s->step;
   a->skipped = s->skipped ? *s->skipped : 0;
   a->s.skipped = &a->skipped; /* as of the snapshot, not as training goes on */
+  if (s->scaler) {
+    a->scaler = *s->scaler;
+    a->s.scaler = &a->scaler;
+  }
   a->done = done;
   snprintf(a->path, sizeof a->path, "%s", path);
   a->snap = malloc((size_t)(total ? total : 1) * sizeof *a->snap);

@@ -20,6 +20,7 @@
 #include "parallel/zero.h"
 #include "src/core/err.h"
 #include "src/model/model.h"
+#include "src/train/scaler.h"
 
 #define ZT_CKPT_FORMAT "ztrain-checkpoint"
 #define ZT_CKPT_VERSION 2
@@ -32,6 +33,9 @@ typedef struct zt_ckpt_state {
   int64_t *step;           /* steps taken (the data position is step * global_batch) */
   int64_t *skipped;        /* of which skipped for non-finite values (may be NULL:
                               none); the optimizer's clock is step - skipped */
+  zt_scaler *scaler;       /* loss scaling (may be NULL: none); a dynamic
+                              scaler's state is saved and, into a dynamic
+                              one, loaded */
   const char *plan_json;   /* the resolved plan */
   const char *script_text; /* the Lua script, for the record */
   int64_t global_batch;    /* samples per step: the data position is step * this */
@@ -56,6 +60,7 @@ typedef struct zt_ckpt_async {
                            meet the training's */
   zt_ckpt_state s;
   int64_t step, skipped;
+  zt_scaler scaler;
   char path[4096];
   float *snap, **pieces; /* host copy of this rank's pieces */
   void (*done)(struct zt_ckpt_async *a); /* after a successful write, on the thread */

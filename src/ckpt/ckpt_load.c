@@ -224,6 +224,37 @@ static int64_t read_skipped(hid_t f, long long step) {
   return n;
 }
 
+/* A dynamic loss scaler's state from the state record into *sc: 1 when
+ * the record has one, 0 when not (a run without dynamic scaling wrote it),
+ * -1 when it is damaged. */
+static int read_scaler(hid_t f, zt_scaler *sc) {
+  char *txt = NULL;
+  if (zt_h5_read_str_attr(f, "state", 1 << 20, &txt)) return 0;
+  json_t *o = json_loads(txt, 0, NULL), *v = o ? json_object_get(o, "loss_scaler") : NULL;
+  int rc = !o ? -1 : !v ? 0 : 1;
+  if (rc == 1) {
+    json_t *scale = json_object_get(v, "scale"), *it = json_object_get(v, "iter");
+    json_t *last = json_object_get(v, "last_overflow_iter"), *hy = json_object_get(v, "hysteresis");
+    if (!json_is_number(scale) || !json_is_integer(it) || !json_is_integer(last) ||
+        !json_is_integer(hy)) {
+      rc = -1;
+    } else {
+      sc->scale = json_number_value(scale);
+      sc->iter = (int64_t)json_integer_value(it);
+      sc->last_overflow_iter = (int64_t)json_integer_value(last);
+      json_int_t h = json_integer_value(hy);
+      sc->hysteresis_left = h >= 1 && h <= INT32_MAX ? (int)h : 0;
+      if (!(isfinite(sc->scale) && sc->scale > 0) || sc->iter < 0 ||
+          sc->last_overflow_iter < -1 || sc->last_overflow_iter >= sc->iter ||
+          sc->hysteresis_left < 1)
+        rc = -1;
+    }
+  }
+  json_decref(o);
+  free(txt);
+  return rc;
+}
+
 int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   zt_model *m = s->m;
   zt_grid *g = s->grid;
@@ -255,6 +286,11 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
                     step);
   if (!rc && (skipped = read_skipped(f, step)) < 0)
     rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its state record is damaged (skipped_steps)",
+                    path);
+  zt_scaler scaler = s->scaler ? *s->scaler : (zt_scaler){0};
+  int has_scaler = rc ? 0 : read_scaler(f, &scaler);
+  if (has_scaler < 0)
+    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its state record is damaged (loss_scaler)",
                     path);
   /* an error is not absence: it would drop the optimizer state and step */
   htri_t has_optim = rc ? 0 : H5Lexists(f, "/optim", H5P_DEFAULT);
@@ -381,6 +417,11 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   if (!rc && optim) {
     *s->step = step;
     if (s->skipped) *s->skipped = skipped;
+    /* a dynamic scaler goes on where it was; a static one is the script's */
+    if (has_scaler && s->scaler && s->scaler->cfg.dynamic) {
+      scaler.cfg = s->scaler->cfg;
+      *s->scaler = scaler;
+    }
   }
   return rc;
 }

@@ -303,7 +303,13 @@ static void print_state(const char *state) {
     k += (size_t)snprintf(line + k, sizeof line - k, ", rng seed %lld",
                           (long long)json_integer_value(seed));
   if (json_is_number(ls) && k < sizeof line)
-    snprintf(line + k, sizeof line - k, ", loss scale %g", json_number_value(ls));
+    k += (size_t)snprintf(line + k, sizeof line - k, ", loss scale %g", json_number_value(ls));
+  json_t *sc = json_object_get(s, "loss_scaler"), *it = json_object_get(sc, "iter");
+  json_t *lo = json_object_get(sc, "last_overflow_iter"), *hy = json_object_get(sc, "hysteresis");
+  if (json_is_integer(it) && json_is_integer(lo) && json_is_integer(hy) && k < sizeof line)
+    snprintf(line + k, sizeof line - k, " (dynamic: %lld updates, last overflow at %lld, hysteresis %lld)",
+             (long long)json_integer_value(it), (long long)json_integer_value(lo),
+             (long long)json_integer_value(hy));
   printf("state: %s\n", line[0] ? line + 2 : "(no known fields)");
   json_decref(s);
 }

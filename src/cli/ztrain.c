@@ -360,7 +360,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   }
   rc = agree(world, rc, e);
   zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t,
-                      .skipped = &tr.skipped, .plan_json = plan.json, .script_text = plan.script_text,
+                      .skipped = &tr.skipped, .scaler = &tr.scaler, .plan_json = plan.json,
+                      .script_text = plan.script_text,
                       .global_batch = plan.train.global_batch, .samples = train_tok.samples,
                       .seed = plan.train.seed};
   if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);

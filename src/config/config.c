@@ -327,6 +327,19 @@ static void read_train(lua_State *L, zt_train_cfg *t) {
   t->eval_every = (int)integer(L, "eval_every");
   t->peak_gflops = num(L, "peak_gflops");
   t->max_bad_steps = (int)integer(L, "max_bad_steps");
+  lua_getfield(L, -1, "loss_scale");
+  zt_scaler_cfg *ls = &t->loss_scale;
+  ls->dynamic = boolean(L, "dynamic");
+  if (ls->dynamic) {
+    ls->initial_scale_power = (int)integer(L, "initial_scale_power");
+    ls->loss_scale_window = (int64_t)integer(L, "loss_scale_window");
+    ls->hysteresis = (int)integer(L, "hysteresis");
+    ls->min_loss_scale = num(L, "min_loss_scale");
+    ls->consecutive_hysteresis = boolean(L, "consecutive_hysteresis");
+  } else {
+    ls->scale = num(L, "scale");
+  }
+  lua_pop(L, 1);
 }
 
 /* plan.train.recompute: one boolean per block (the Lua side resolved it);
@@ -527,6 +540,15 @@ static char *plan_json(const zt_plan *p) {
   for (int l = 0; m->recompute && l < m->layers; l++)
     if (m->recompute[l]) json_array_append_new(rc, json_integer(l));
   json_object_set_new(json_object_get(root, "train"), "recompute", rc);
+  const zt_scaler_cfg *ls = &t->loss_scale;
+  json_object_set_new(json_object_get(root, "train"), "loss_scale",
+                      ls->dynamic ? json_pack("{s:i, s:I, s:i, s:f, s:b}", "initial_scale_power",
+                                              ls->initial_scale_power, "loss_scale_window",
+                                              (json_int_t)ls->loss_scale_window, "hysteresis",
+                                              ls->hysteresis, "min_loss_scale",
+                                              ls->min_loss_scale, "consecutive_hysteresis",
+                                              ls->consecutive_hysteresis)
+                                  : json_real(ls->scale));
   char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(root);
   return s;

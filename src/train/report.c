@@ -77,7 +77,12 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
   if (o && st->pipeline)
     json_object_set_new(o, "bubble", json_pack("{s:o, s:o}", "measured", jnum(st->bubble),
                                                "simulated", jnum(st->bubble_sim)));
-  if (o && st->skipped) json_object_set_new(o, "skipped", json_true());
+  if (o && st->scaling) {
+    json_object_set_new(o, "loss_scale", json_real(st->loss_scale));
+    json_object_set_new(o, "skipped", json_boolean(st->skipped));
+  } else if (o && st->skipped) {
+    json_object_set_new(o, "skipped", json_true());
+  }
   write_json(r, o);
   int64_t done = st->step - r->first_step, left = r->total_steps - st->step;
   if (r->tty) {
@@ -101,10 +106,19 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
     printf("\n");
     fflush(stdout);
   }
-  if (st->skipped) {
+  if (st->skipped && !st->bad) { /* an overflow the scaler answers: routine */
     if (r->tty) fprintf(stderr, "\r\033[K");
-    fprintf(stderr, "ztrain: step %lld: loss %.6g, grad norm %.6g: update skipped (",
-            (long long)st->step, readable(st->loss), readable(st->grad_norm));
+    printf("step %lld: gradient overflow at loss scale %.9g: update skipped; loss scale %.9g "
+           "from the next step\n", (long long)st->step, st->loss_scale, st->next_scale);
+    fflush(stdout);
+  } else if (st->skipped) {
+    if (r->tty) fprintf(stderr, "\r\033[K");
+    fprintf(stderr, "ztrain: step %lld: loss %.6g, grad norm %.6g", (long long)st->step,
+            readable(st->loss), readable(st->grad_norm));
+    if (st->scaling)
+      fprintf(stderr, " at loss scale %.9g%s", st->loss_scale,
+              st->scaling == 2 ? " (its minimum)" : "");
+    fprintf(stderr, ": update skipped (");
     if (st->bad_run >= st->bad_limit)
       fprintf(stderr, "%lld in a row: stopping)", (long long)st->bad_run);
     else

@@ -143,10 +143,12 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
     if (!rc) rc = tied_init(t, e);
     if (rc) return rc;
   }
-  const char *nan_at = getenv("ZT_TEST_NAN_AT_STEP"); /* test hook: STEP[:RANK] */
+  zt_scaler_init(&t->scaler, &cfg->loss_scale);
+  const char *nan_at = getenv("ZT_TEST_NAN_AT_STEP"); /* test hook: STEP[-LAST][:RANK] */
   if (nan_at) {
     char *end;
-    t->nan_step = strtoll(nan_at, &end, 10);
+    t->nan_step = t->nan_last = strtoll(nan_at, &end, 10);
+    if (*end == '-') t->nan_last = strtoll(end + 1, &end, 10);
     t->nan_rank = *end == ':' ? atoi(end + 1) : 0;
   }
   rc = zt_loader_init(&t->train, train, shuffle, cfg->seed, e);
@@ -273,7 +275,10 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
 
   zt_zero_grads_begin(&t->zero);
   if (m->tied_g) m->be->zero(m->tied_g, (size_t)t->tied_n);
-  double loss = run_batch(t, &t->train, t->t, 1, (float)(1.0 / tokens));
+  /* a power-of-two scale multiplies every gradient exactly (until one
+   * overflows): the unscaled run's gradients times the scale, bit for bit */
+  double scale = t->scaler.scale;
+  double loss = run_batch(t, &t->train, t->t, 1, (float)(scale / tokens));
   int early = t->zero.cfg.stage < 2; /* the tied gradient joins before the reduction */
   if (t->tied_end && early) tied_grads(t);
   zt_optim_range r = {.m = t->zero.m, .v = t->zero.v};
@@ -282,10 +287,11 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   r.lo = t->zero.cfg.stage == 0 ? 0 : t->zero.lo;
   r.hi = t->zero.cfg.stage == 0 ? m->numel : t->zero.hi;
   int count_any = t->zero.cfg.stage > 0 || g->dp_rank == 0;
-  if (t->nan_step == t->t + 1 && g->world.rank == t->nan_rank) {
+  if (t->nan_step && t->nan_step <= t->t + 1 && t->t + 1 <= t->nan_last &&
+      g->world.rank == t->nan_rank) {
     int i = zt_optim_test_poison(m, &r, count_any);
     fprintf(stderr, "ztrain: test hook: rank %d: step %lld: gradient of %s set to NaN\n",
-            g->world.rank, (long long)t->nan_step, i >= 0 ? m->params[i].t.name : "(none here)");
+            g->world.rank, (long long)t->t + 1, i >= 0 ? m->params[i].t.name : "(none here)");
   }
 
   /* One reduction over the world of [loss, grad sumsq], each counted once:
@@ -298,28 +304,41 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   /* Every rank holds the same sums, so every rank decides alike. A skipped
    * step still advances t: the next step takes the next global batch. */
   int rc = ZT_OK;
-  st->skipped = !isfinite(sums[0]) || !isfinite(sums[1]);
+  st->overflow = !isfinite(sums[1]);
+  st->skipped = !isfinite(sums[0]) || st->overflow;
+  st->scaling = !zt_scaler_active(&t->scaler) ? 0 : t->scaler.cfg.dynamic ? 2 : 1;
+  st->loss_scale = scale;
+  /* the scaler sees every step; an overflow it can still answer by a
+   * lower scale is no bad step */
+  int at_min = zt_scaler_update(&t->scaler, st->overflow);
+  st->next_scale = t->scaler.scale;
+  st->bad = !isfinite(sums[0]) || at_min;
   st->nonfinite[0] = 0;
   t->t++;
   double t_opt = zt_timer_now();
+  t->bad_run = st->bad ? t->bad_run + 1 : 0;
   if (st->skipped) {
     t->skipped++;
-    t->bad_run++;
-    st->grad_norm = sqrt(sums[1]);
+    st->grad_norm = sqrt(sums[1]) / scale;
     st->lr = zt_lr_at(&c->optim.lr, t->t - t->skipped); /* the next update's */
     find_nonfinite(t, &r, st);
     if (t->bad_run >= c->max_bad_steps)
       rc = zt_err_set(e, ZT_ERUNTIME,
                       "step %lld: %lld step%s in a row with a non-finite loss or gradient norm "
-                      "(train.max_bad_steps = %d): %s",
+                      "(train.max_bad_steps = %d)%s: %s",
                       (long long)t->t, (long long)t->bad_run, t->bad_run > 1 ? "s" : "",
-                      c->max_bad_steps, st->nonfinite);
+                      c->max_bad_steps,
+                      t->scaler.cfg.dynamic ? ", the loss scale at its minimum "
+                                              "(train.loss_scale.min_loss_scale)" : "",
+                      st->nonfinite);
   } else {
-    t->bad_run = 0;
     /* the clipping coefficient is applied inside AdamW: one pass less
-     * over the gradients (a 124M model: 1 GB of memory traffic a step) */
+     * over the gradients (a 124M model: 1 GB of memory traffic a step);
+     * the loss scale comes off in the same product, exactly for a power
+     * of two */
     float gscale;
-    st->grad_norm = zt_optim_clip(&c->optim, sums[1], &gscale);
+    st->grad_norm = zt_optim_clip(&c->optim, sums[1] / (scale * scale), &gscale);
+    gscale = (float)(gscale / scale);
     int first;
     st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, &first);
     /* Finite gradients can still make non-finite weights (a huge learning

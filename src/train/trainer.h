@@ -20,6 +20,7 @@
 #include "src/model/model.h"
 #include "src/train/optim.h"
 #include "src/train/pipe.h"
+#include "src/train/scaler.h"
 
 typedef struct zt_train_cfg {
   int micro_batch, global_batch, accum; /* global = micro * accum * dp */
@@ -29,6 +30,7 @@ typedef struct zt_train_cfg {
   int log_every, eval_every;
   double peak_gflops; /* for MFU; 0 = measure at start */
   int max_bad_steps;  /* non-finite steps in a row that stop the run */
+  zt_scaler_cfg loss_scale;
 } zt_train_cfg;
 
 typedef struct zt_step_stats {
@@ -45,7 +47,13 @@ typedef struct zt_step_stats {
   double bubble, bubble_sim;
   /* a step whose loss or gradient norm is not finite applies no update */
   int skipped;
-  int64_t bad_run;     /* skipped steps in a row, this one included */
+  /* the loss scale this step ran with and the next one's (both 1: none);
+   * overflow: skipped for non-finite gradients that a lower scale may
+   * avoid, which is no bad step unless the scale was at its minimum */
+  int scaling; /* 0: no scaling, 1: a static scale, 2: dynamic */
+  double loss_scale, next_scale;
+  int overflow, bad;
+  int64_t bad_run;     /* bad steps in a row, this one included */
   int bad_limit;       /* cfg.max_bad_steps */
   char nonfinite[192]; /* skipped: where the first non-finite value is, if found */
 } zt_step_stats;
@@ -58,8 +66,9 @@ typedef struct zt_trainer {
   int64_t t;        /* steps taken: global batch t is the next one */
   int64_t skipped;  /* of those, skipped as non-finite: AdamW's clock and
                        the LR schedule count the t - skipped updates */
-  int64_t bad_run;  /* skipped in a row, up to the last step */
-  int64_t nan_step; /* test hook ZT_TEST_NAN_AT_STEP=STEP[:RANK] */
+  int64_t bad_run;  /* bad steps in a row, up to the last step */
+  zt_scaler scaler; /* loss scaling (train.loss_scale); a checkpoint keeps it */
+  int64_t nan_step, nan_last; /* test hook ZT_TEST_NAN_AT_STEP=STEP[-LAST][:RANK] */
   int nan_rank;
   zt_loader train, val;
   int has_val;
@@ -89,10 +98,14 @@ void zt_trainer_free(zt_trainer *t);
 
 /* One step on global batch t->t; fills *st. A step whose loss or global
  * gradient norm is not finite is skipped: no rank updates weights or
- * moments, but t->t advances (the data position). Fails (ZT_ERUNTIME, the
- * same on every rank) after cfg.max_bad_steps such steps in a row, and when
- * an update leaves a weight non-finite; the message names the step and
- * the first tensor concerned. */
+ * moments, but t->t advances (the data position). The loss gradient is
+ * multiplied by the loss scale and the gradients divided by it again in
+ * the update (through the clipping coefficient). A dynamic scale halves on
+ * overflow; such a step is bad only when the scale is already at its
+ * minimum, a non-finite loss always. Fails (ZT_ERUNTIME, the same on every
+ * rank) after cfg.max_bad_steps bad steps in a row, and when an update
+ * leaves a weight non-finite; the message names the step and the first
+ * tensor concerned. */
 int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e);
 
 /* Mean loss per token over the first `batches` global batches of the

@@ -111,6 +111,12 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
     "$(base "train.recompute = function(b) error('no recompute today') end")"
   expect 2 "train.recompute must return true or false for each block; for block 0 it returned 1" "$np" \
     "$(base "train.recompute = function(b) return b.index + 1 end")"
+  expect 2 'train.loss_scale must be a number > 0 (a static scale), "dynamic" or {initial_scale_power' \
+    "$np" "$(base "train.loss_scale = 0")"
+  expect 2 "train.loss_scale.hysteresis must be an integer from 1 to 2147483647, got 0" "$np" \
+    "$(base "train.loss_scale = {hysteresis = 0}")"
+  expect 2 "train.loss_scale.initial_scale_power must be an integer from 0 to 100, got 200" "$np" \
+    "$(base "train.loss_scale = {initial_scale_power = 200}")"
   expect 2 "(-e):1:" "$np" "$(base "")" -e "train.steps = = 3"
   expect 2 "--steps needs a non-negative integer, got 'x'" "$np" "$(base "")" --steps x
 }
