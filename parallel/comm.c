@@ -1,6 +1,7 @@
 /* comm: MPI backend of the collective interface. */
 #include "parallel/comm.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "parallel/watchdog.h"
+#include "src/core/half.h"
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 
@@ -19,7 +21,10 @@ const char *const zt_comm_op_names[ZT_OP_COUNT] = {
 static int next_id; /* groups are created in the same order on every rank */
 static int node_size = 1, node_rank, node_id;
 
+static void half_init(void);
+
 static void wrap_id(zt_comm *c, const char *name, MPI_Comm mpi, int own, int id) {
+  half_init(); /* made at zt_comm_init; here for programs that start MPI themselves */
   memset(c, 0, sizeof *c);
   strncpy(c->name, name, sizeof c->name - 1);
   c->mpi = mpi;
@@ -57,10 +62,17 @@ uint64_t zt_comm_total_bytes(const zt_comm *c) {
   return s;
 }
 
-/* Counts the call, returns its sequence number. */
-static uint64_t start(zt_comm *c, zt_comm_op op, double bytes) {
+uint64_t zt_comm_dtype_bytes(const zt_comm *c, zt_dtype t) {
+  return (unsigned)t < ZT_DTYPE_COUNT ? c->bytes_dtype[t] : 0;
+}
+
+/* Counts the call and its bytes (of elements of type t), returns its
+ * sequence number. Calls that move no data pass ZT_U8 and 0. */
+static uint64_t start(zt_comm *c, zt_comm_op op, zt_dtype t, double bytes) {
+  uint64_t b = (uint64_t)(bytes + 0.5);
   c->calls[op]++;
-  c->bytes[op] += (uint64_t)(bytes + 0.5);
+  c->bytes[op] += b;
+  c->bytes_dtype[t] += b;
   return atomic_fetch_add(&c->seq, 1) + 1;
 }
 
@@ -140,36 +152,105 @@ void zt_comm_thread_detach(void) { atomic_fetch_sub(&sharers, 1); }
 /* MPI counts are int: large buffers go in slices. */
 #define ZT_MPI_SLICE ((size_t)1 << 30)
 
+/* ---- element types and reduction operators ------------------------------ */
+
+/* bf16 and fp16 have no MPI type nor operators: 2-byte types of our own
+ * and sum, max and min that widen to float, operate and round back. Made
+ * once at start, freed at finalize. */
+static MPI_Datatype half_types[2] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL}; /* bf16, fp16 */
+static MPI_Op half_ops[2][3];                                              /* [type][redop] */
+static int half_ready;
+
+/* A NaN operand wins, as it would in a sum. */
+static inline float half_apply(zt_redop op, float a, float b) {
+  if (op == ZT_SUM) return a + b;
+  if (op == ZT_MAX) return b > a || isnan(b) ? b : a;
+  return b < a || isnan(b) ? b : a;
+}
+
+/* y[i] := op(y[i], x[i]) in float, rounded back once. */
+static inline void bf16_reduce(const uint16_t *x, uint16_t *y, int n, zt_redop op) {
+  for (int i = 0; i < n; i++)
+    y[i] = zt_bf16_from_f32(half_apply(op, zt_bf16_to_f32(y[i]), zt_bf16_to_f32(x[i])));
+}
+
+static inline void f16_reduce(const uint16_t *x, uint16_t *y, int n, zt_redop op) {
+  for (int i = 0; i < n; i++)
+    y[i] = zt_f16_from_f32(half_apply(op, zt_f16_to_f32(y[i]), zt_f16_to_f32(x[i])));
+}
+
+/* MPI's signature for each (format, operator) pair. */
+#define HALF_OP(fmt, op, name)                                         \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) { \
+    (void)dt;                                                          \
+    fmt##_reduce(in, inout, *len, op);                                 \
+  }
+HALF_OP(bf16, ZT_SUM, bf16_sum)
+HALF_OP(bf16, ZT_MAX, bf16_max)
+HALF_OP(bf16, ZT_MIN, bf16_min)
+HALF_OP(f16, ZT_SUM, f16_sum)
+HALF_OP(f16, ZT_MAX, f16_max)
+HALF_OP(f16, ZT_MIN, f16_min)
+
+static void half_init(void) {
+  if (half_ready) return;
+  MPI_User_function *fns[2][3] = {{bf16_sum, bf16_max, bf16_min}, {f16_sum, f16_max, f16_min}};
+  for (int k = 0; k < 2; k++) {
+    MPI_Type_contiguous(2, MPI_BYTE, &half_types[k]);
+    MPI_Type_commit(&half_types[k]);
+    for (int op = 0; op < 3; op++) MPI_Op_create(fns[k][op], 1, &half_ops[k][op]);
+  }
+  half_ready = 1;
+}
+
+static void half_free(void) {
+  if (!half_ready) return;
+  for (int k = 0; k < 2; k++) {
+    for (int op = 0; op < 3; op++) MPI_Op_free(&half_ops[k][op]);
+    MPI_Type_free(&half_types[k]);
+  }
+  half_ready = 0;
+}
+
 static MPI_Datatype mpi_type(zt_dtype t) {
   switch (t) {
+    case ZT_F32: return MPI_FLOAT;
     case ZT_F64: return MPI_DOUBLE;
     case ZT_I32: return MPI_INT32_T;
     case ZT_I64: return MPI_INT64_T;
     case ZT_U64: return MPI_UINT64_T;
-    default: return MPI_FLOAT;
+    case ZT_U8: return MPI_UINT8_T;
+    case ZT_BF16: return half_types[0];
+    case ZT_F16: return half_types[1];
+    case ZT_DTYPE_COUNT: break;
   }
+  return MPI_DATATYPE_NULL;
 }
 
-static void allreduce(zt_comm *c, void *x, size_t n, MPI_Datatype type,
-                      size_t size, MPI_Op op) {
-  uint64_t seq = start(c, ZT_OP_ALLREDUCE, ring_allreduce(c, n * size));
+static MPI_Op mpi_op(zt_dtype t, zt_redop op) {
+  if (t == ZT_BF16 || t == ZT_F16) return half_ops[t == ZT_F16][op];
+  return op == ZT_MAX ? MPI_MAX : op == ZT_MIN ? MPI_MIN : MPI_SUM;
+}
+
+/* ---- collectives ------------------------------------------------------------ */
+
+void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op) {
+  size_t size = zt_dtype_size(t);
+  uint64_t seq = start(c, ZT_OP_ALLREDUCE, t, ring_allreduce(c, n * size));
   if (c->size == 1) return;
+  MPI_Datatype type = mpi_type(t);
+  MPI_Op mop = mpi_op(t, op);
   for (size_t o = 0; o < n; o += ZT_MPI_SLICE) {
     size_t k = n - o < ZT_MPI_SLICE ? n - o : ZT_MPI_SLICE;
     WATCHED(c, ZT_OP_ALLREDUCE, seq,
-            MPI_Allreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, op, c->mpi),
-            MPI_Iallreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, op, c->mpi,
+            MPI_Allreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, mop, c->mpi),
+            MPI_Iallreduce(MPI_IN_PLACE, (char *)x + o * size, (int)k, type, mop, c->mpi,
                            &req_));
   }
 }
 
-void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op) {
-  allreduce(c, x, n, mpi_type(t), zt_dtype_size(t),
-            op == ZT_MAX ? MPI_MAX : op == ZT_MIN ? MPI_MIN : MPI_SUM);
-}
-
 void zt_comm_barrier(zt_comm *c) {
-  uint64_t seq = start(c, ZT_OP_BARRIER, 0);
+  uint64_t seq = start(c, ZT_OP_BARRIER, ZT_U8, 0);
   if (c->size == 1) return;
   WATCHED(c, ZT_OP_BARRIER, seq, MPI_Barrier(c->mpi), MPI_Ibarrier(c->mpi, &req_));
 }
@@ -178,12 +259,12 @@ int zt_comm_agree(zt_comm *c, int rc, zt_err *e) {
   int32_t first = rc ? c->rank : c->size;
   zt_comm_allreduce(c, &first, 1, ZT_I32, ZT_MIN);
   if (first == c->size) return ZT_OK;
-  zt_comm_bcast(c, e, sizeof *e, first);
+  zt_comm_bcast(c, e, sizeof *e, ZT_U8, first);
   return e->code;
 }
 
 void zt_comm_phase_begin(zt_comm *c, const char *what) {
-  uint64_t seq = start(c, ZT_OP_PHASE, 0);
+  uint64_t seq = start(c, ZT_OP_PHASE, ZT_U8, 0);
   zt_watchdog_enter(c, ZT_OP_PHASE, seq, what);
 }
 
@@ -196,7 +277,7 @@ void zt_comm_phase_end(zt_comm *c) {
  * answers over its own channel, so holding the lock here blocks nobody's
  * report (splits happen at start, before any background thread). */
 void zt_comm_split(zt_comm *parent, const char *name, int color, int key, zt_comm *out) {
-  uint64_t seq = start(parent, ZT_OP_SPLIT, 0);
+  uint64_t seq = start(parent, ZT_OP_SPLIT, ZT_U8, 0);
   int id = next_id++;
   MPI_Comm m = MPI_COMM_NULL;
   zt_watchdog_enter(parent, ZT_OP_SPLIT, seq, NULL);
@@ -214,7 +295,7 @@ void zt_comm_split(zt_comm *parent, const char *name, int color, int key, zt_com
 }
 
 void zt_comm_dup(zt_comm *c, const char *name, zt_comm *out) {
-  uint64_t seq = start(c, ZT_OP_SPLIT, 0);
+  uint64_t seq = start(c, ZT_OP_SPLIT, ZT_U8, 0);
   int id = next_id++;
   MPI_Comm m;
   zt_watchdog_enter(c, ZT_OP_SPLIT, seq, NULL);
@@ -240,6 +321,7 @@ int zt_comm_init(int *argc, char ***argv, zt_comm *world, const char *name,
                  double timeout_s, char *why) {
   int provided;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  half_init();
   wrap_id(world, name, MPI_COMM_WORLD, 0, next_id++);
   /* the node: ranks that share memory with this one; its lowest rank names it */
   MPI_Comm node;
@@ -262,62 +344,51 @@ void zt_comm_finalize(zt_comm *world) {
   zt_comm_barrier(world);
   zt_watchdog_stop();
   zt_comm_free(world);
+  half_free();
   MPI_Finalize();
 }
 
-void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n) {
-  allreduce(c, x, n, MPI_FLOAT, sizeof *x, MPI_SUM);
-}
-
-void zt_comm_allreduce_max_f32(zt_comm *c, float *x, size_t n) {
-  allreduce(c, x, n, MPI_FLOAT, sizeof *x, MPI_MAX);
-}
-
-void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n) {
-  allreduce(c, x, n, MPI_DOUBLE, sizeof *x, MPI_SUM);
-}
-
-void zt_comm_allreduce_max_f64(zt_comm *c, double *x, size_t n) {
-  allreduce(c, x, n, MPI_DOUBLE, sizeof *x, MPI_MAX);
-}
-
-void zt_comm_allreduce_u64(zt_comm *c, uint64_t *x, size_t n) {
-  allreduce(c, x, n, MPI_UINT64_T, sizeof *x, MPI_SUM);
-}
-
-void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root) {
-  uint64_t seq = start(c, ZT_OP_BCAST, c->size > 1 ? (double)bytes : 0);
+void zt_comm_bcast(zt_comm *c, void *buf, size_t n, zt_dtype t, int root) {
+  size_t size = zt_dtype_size(t);
+  uint64_t seq = start(c, ZT_OP_BCAST, t, c->size > 1 ? (double)n * size : 0);
   if (c->size == 1) return;
-  for (size_t o = 0; o < bytes; o += ZT_MPI_SLICE) {
-    size_t k = bytes - o < ZT_MPI_SLICE ? bytes - o : ZT_MPI_SLICE;
-    WATCHED(c, ZT_OP_BCAST, seq, MPI_Bcast((char *)buf + o, (int)k, MPI_BYTE, root, c->mpi),
-            MPI_Ibcast((char *)buf + o, (int)k, MPI_BYTE, root, c->mpi, &req_));
+  MPI_Datatype type = mpi_type(t);
+  for (size_t o = 0; o < n; o += ZT_MPI_SLICE) {
+    size_t k = n - o < ZT_MPI_SLICE ? n - o : ZT_MPI_SLICE;
+    WATCHED(c, ZT_OP_BCAST, seq,
+            MPI_Bcast((char *)buf + o * size, (int)k, type, root, c->mpi),
+            MPI_Ibcast((char *)buf + o * size, (int)k, type, root, c->mpi, &req_));
   }
 }
 
-void zt_comm_gather_f32(zt_comm *c, const float *send, float *recv, size_t n, int root) {
-  uint64_t seq = start(c, ZT_OP_GATHER, c->rank == root ? 0 : (double)n * sizeof *send);
+void zt_comm_gather(zt_comm *c, const void *send, void *recv, size_t n, zt_dtype t, int root) {
+  size_t size = zt_dtype_size(t);
+  uint64_t seq = start(c, ZT_OP_GATHER, t, c->rank == root ? 0 : (double)n * size);
   if (c->size == 1) {
-    memcpy(recv, send, n * sizeof *send);
+    memcpy(recv, send, n * size);
     return;
   }
+  MPI_Datatype type = mpi_type(t);
   WATCHED(c, ZT_OP_GATHER, seq,
-          MPI_Gather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, root, c->mpi),
-          MPI_Igather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, root, c->mpi, &req_));
+          MPI_Gather(send, (int)n, type, recv, (int)n, type, root, c->mpi),
+          MPI_Igather(send, (int)n, type, recv, (int)n, type, root, c->mpi, &req_));
 }
 
-void zt_comm_gatherv_f32(zt_comm *c, const float *send, float *recv,
-                         const int *counts, const int *displs, int root) {
-  uint64_t seq = start(c, ZT_OP_GATHER, c->rank == root ? 0 : 4.0 * counts[c->rank]);
+void zt_comm_gatherv(zt_comm *c, const void *send, void *recv, const int *counts,
+                     const int *displs, zt_dtype t, int root) {
+  size_t size = zt_dtype_size(t);
+  uint64_t seq =
+      start(c, ZT_OP_GATHER, t, c->rank == root ? 0 : (double)counts[c->rank] * size);
   if (c->size == 1) {
-    if (recv != send) memcpy(recv + displs[0], send, (size_t)counts[0] * sizeof *send);
+    char *at = (char *)recv + (size_t)displs[0] * size;
+    if (recv != send) memcpy(at, send, (size_t)counts[0] * size);
     return;
   }
+  MPI_Datatype type = mpi_type(t);
   WATCHED(c, ZT_OP_GATHER, seq,
-          MPI_Gatherv(send, counts[c->rank], MPI_FLOAT, recv, counts, displs, MPI_FLOAT,
-                      root, c->mpi),
-          MPI_Igatherv(send, counts[c->rank], MPI_FLOAT, recv, counts, displs, MPI_FLOAT,
-                       root, c->mpi, &req_));
+          MPI_Gatherv(send, counts[c->rank], type, recv, counts, displs, type, root, c->mpi),
+          MPI_Igatherv(send, counts[c->rank], type, recv, counts, displs, type, root, c->mpi,
+                       &req_));
 }
 
 static int64_t sum_counts(const zt_comm *c, const int *counts) {
@@ -326,97 +397,112 @@ static int64_t sum_counts(const zt_comm *c, const int *counts) {
   return s;
 }
 
-void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
-                                 const int *counts, zt_req *r) {
-  int64_t total = sum_counts(c, counts);
+/* Bytes of a reduce-scatter or all-gather: all parts but this rank's. */
+static double others_bytes(const zt_comm *c, const int *counts, zt_dtype t) {
+  return (double)(sum_counts(c, counts) - counts[c->rank]) * (double)zt_dtype_size(t);
+}
+
+/* Starts a non-blocking call: counts it and fills r (MPI's request still
+ * null: posting is the caller's). */
+static void start_req(zt_comm *c, zt_comm_op op, zt_dtype t, double bytes, zt_req *r) {
   r->c = c;
-  r->op = ZT_OP_REDUCE_SCATTER;
-  r->seq = start(c, r->op, 4.0 * (double)(total - counts[c->rank]));
+  r->op = op;
+  r->seq = start(c, op, t, bytes);
   r->mpi = MPI_REQUEST_NULL;
   r->t0 = zt_timer_now();
+}
+
+void zt_comm_iallreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op, zt_req *r) {
+  start_req(c, ZT_OP_ALLREDUCE, t, ring_allreduce(c, n * zt_dtype_size(t)), r);
+  if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
+  zt_comm_lock();
+  MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, mpi_type(t), mpi_op(t, op), c->mpi, &r->mpi);
+  zt_comm_unlock();
+}
+
+/* The single member's reduce-scatter: its part is the whole buffer. */
+static void own_part(const zt_comm *c, const void *send, void *recv, const int *counts,
+                     zt_dtype t) {
+  if (recv != send) memcpy(recv, send, (size_t)sum_counts(c, counts) * zt_dtype_size(t));
+}
+
+void zt_comm_ireduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+                             zt_dtype t, zt_redop op, zt_req *r) {
+  start_req(c, ZT_OP_REDUCE_SCATTER, t, others_bytes(c, counts, t), r);
   if (c->size == 1) {
-    if (recv != send) memcpy(recv, send, (size_t)total * sizeof *send);
+    own_part(c, send, recv, counts, t);
     return;
   }
   if (zt_watchdog_should_skip(c, r->seq)) return;
   zt_comm_lock();
-  MPI_Ireduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, counts, MPI_FLOAT,
-                      MPI_SUM, c->mpi, &r->mpi);
+  MPI_Ireduce_scatter(send == recv ? MPI_IN_PLACE : send, recv, counts, mpi_type(t),
+                      mpi_op(t, op), c->mpi, &r->mpi);
   zt_comm_unlock();
 }
 
-void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
-                            const int *displs, zt_req *r) {
-  int64_t total = sum_counts(c, counts);
-  r->c = c;
-  r->op = ZT_OP_ALLGATHER;
-  r->seq = start(c, r->op, 4.0 * (double)(total - counts[c->rank]));
-  r->mpi = MPI_REQUEST_NULL;
-  r->t0 = zt_timer_now();
-  if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
-  zt_comm_lock();
-  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs,
-                  MPI_FLOAT, c->mpi, &r->mpi);
-  zt_comm_unlock();
-}
-
-void zt_comm_reduce_scatter_f32(zt_comm *c, const float *send, float *recv, const int *counts) {
-  int64_t total = sum_counts(c, counts);
-  uint64_t seq = start(c, ZT_OP_REDUCE_SCATTER, 4.0 * (double)(total - counts[c->rank]));
+void zt_comm_reduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+                            zt_dtype t, zt_redop op) {
+  uint64_t seq = start(c, ZT_OP_REDUCE_SCATTER, t, others_bytes(c, counts, t));
   if (c->size == 1) {
-    if (recv != send) memcpy(recv, send, (size_t)total * sizeof *send);
+    own_part(c, send, recv, counts, t);
     return;
   }
   const void *in = send == recv ? MPI_IN_PLACE : send;
+  MPI_Datatype type = mpi_type(t);
+  MPI_Op mop = mpi_op(t, op);
   WATCHED(c, ZT_OP_REDUCE_SCATTER, seq,
-          MPI_Reduce_scatter(in, recv, counts, MPI_FLOAT, MPI_SUM, c->mpi),
-          MPI_Ireduce_scatter(in, recv, counts, MPI_FLOAT, MPI_SUM, c->mpi, &req_));
+          MPI_Reduce_scatter(in, recv, counts, type, mop, c->mpi),
+          MPI_Ireduce_scatter(in, recv, counts, type, mop, c->mpi, &req_));
 }
 
-void zt_comm_allgather_f32(zt_comm *c, float *buf, const int *counts, const int *displs) {
-  int64_t total = sum_counts(c, counts);
-  uint64_t seq = start(c, ZT_OP_ALLGATHER, 4.0 * (double)(total - counts[c->rank]));
-  if (c->size == 1) return;
-  WATCHED(c, ZT_OP_ALLGATHER, seq,
-          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
-                         c->mpi),
-          MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
-                          c->mpi, &req_));
-}
-
-void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r) {
-  r->c = c;
-  r->op = ZT_OP_ALLREDUCE;
-  r->seq = start(c, r->op, ring_allreduce(c, n * sizeof *x));
-  r->mpi = MPI_REQUEST_NULL;
-  r->t0 = zt_timer_now();
+void zt_comm_iallgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t,
+                        zt_req *r) {
+  start_req(c, ZT_OP_ALLGATHER, t, others_bytes(c, counts, t), r);
   if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
   zt_comm_lock();
-  MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, c->mpi, &r->mpi);
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, mpi_type(t), c->mpi,
+                  &r->mpi);
   zt_comm_unlock();
 }
 
-static void p2p(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r, int send) {
+void zt_comm_allgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t) {
+  uint64_t seq = start(c, ZT_OP_ALLGATHER, t, others_bytes(c, counts, t));
+  if (c->size == 1) return;
+  MPI_Datatype type = mpi_type(t);
+  WATCHED(c, ZT_OP_ALLGATHER, seq,
+          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, c->mpi),
+          MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, c->mpi,
+                          &req_));
+}
+
+/* ---- point-to-point ----------------------------------------------------------- */
+
+static void p2p(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r,
+                int send) {
   r->c = c;
   r->op = send ? ZT_OP_SEND : ZT_OP_RECV;
   r->seq = ++c->p2p;
   r->t0 = zt_timer_now();
   c->calls[r->op]++;
-  if (send) c->bytes[r->op] += n * sizeof *buf;
+  if (send) {
+    c->bytes[r->op] += n * zt_dtype_size(t);
+    c->bytes_dtype[t] += n * zt_dtype_size(t);
+  }
   r->mpi = MPI_REQUEST_NULL;
   if (send && zt_watchdog_should_skip_send(c)) return;
   zt_comm_lock();
-  if (send) MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, c->mpi, &r->mpi);
-  else MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, c->mpi, &r->mpi);
+  if (send) MPI_Isend(buf, (int)n, mpi_type(t), peer, tag, c->mpi, &r->mpi);
+  else MPI_Irecv(buf, (int)n, mpi_type(t), peer, tag, c->mpi, &r->mpi);
   zt_comm_unlock();
 }
 
-void zt_comm_isend_f32(zt_comm *c, const float *buf, size_t n, int peer, int tag, zt_req *r) {
-  p2p(c, (float *)buf, n, peer, tag, r, 1);
+void zt_comm_isend(zt_comm *c, const void *buf, size_t n, zt_dtype t, int peer, int tag,
+                   zt_req *r) {
+  p2p(c, (void *)buf, n, t, peer, tag, r, 1);
 }
 
-void zt_comm_irecv_f32(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r) {
-  p2p(c, buf, n, peer, tag, r, 0);
+void zt_comm_irecv(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r) {
+  p2p(c, buf, n, t, peer, tag, r, 0);
 }
 
 void zt_comm_wait(zt_req *r) { wait_watched(r->c, r->op, r->seq, &r->mpi, r->t0); }

@@ -1,10 +1,26 @@
 /* comm: the collective interface. Every collective goes through a zt_comm,
  * which names its group, numbers its collectives (a sequence number per
  * group, the same on every member) and counts calls and bytes per
- * operation, so tests and the step log can compare traffic with the
- * theoretical volume. Bytes are the ring-algorithm volume one rank sends,
- * as in the ZeRO paper: all-reduce of n bytes 2n(p-1)/p, reduce-scatter and
- * all-gather of n bytes in all n - (this rank's part), broadcast n.
+ * operation and per element type, so tests and the step log can compare
+ * traffic with the theoretical volume. Bytes are the ring-algorithm volume
+ * one rank sends, as in the ZeRO paper: all-reduce of n bytes 2n(p-1)/p,
+ * reduce-scatter and all-gather of n bytes in all n - (this rank's part),
+ * broadcast n (on every member), gather and send what this rank sends; n
+ * bytes = elements times zt_dtype_size. Each call's volume is rounded to
+ * whole bytes once and added to both its operation's and its type's
+ * total, so the two kinds of totals add up to the same sum.
+ *
+ * Every data-moving call takes its buffer as (void *, element count,
+ * zt_dtype): what is reduced in which precision is the caller's policy,
+ * not a function name. bf16 and fp16 (bit patterns, src/core/half.h) have
+ * no MPI type: they travel as 2-byte MPI types made at zt_comm_init, and
+ * sum, max and min are reduction operators of this module that widen to
+ * float, operate and round back. Each step of MPI's reduction tree or ring
+ * is then correctly rounded (float's 24 bits suffice for one exact
+ * rounding of a 16-bit sum), but a sum over p ranks is rounded p - 1
+ * times, in an order MPI picks: that is why gradients are reduced in fp32
+ * unless a precision policy asks otherwise. A NaN in any input makes a
+ * 16-bit sum, max or min NaN. Integer sums wrap (u64 modulo 2^64).
  * Today's backend is MPI over host memory; NCCL over device memory will be
  * a second implementation of these calls. This folder is the only place
  * that calls MPI (a CI check enforces it; HDF5's MPI-IO file property is
@@ -49,6 +65,7 @@ typedef struct zt_comm {
   uint64_t p2p;           /* point-to-point transfers this rank started */
   uint64_t calls[ZT_OP_COUNT];
   uint64_t bytes[ZT_OP_COUNT];
+  uint64_t bytes_dtype[ZT_DTYPE_COUNT]; /* the same bytes by element type */
 } zt_comm;
 
 /* A non-blocking collective in flight. */
@@ -62,15 +79,17 @@ typedef struct zt_req {
 
 typedef enum { ZT_SUM = 0, ZT_MAX, ZT_MIN } zt_redop;
 
-/* Starts MPI (with thread support for the watchdog), wraps the world as
- * `name` and starts the watchdog with timeout_s (the default until the
- * run's script says otherwise). Returns 0; -1 when the watchdog cannot
+/* Starts MPI (with thread support for the watchdog), makes the bf16 and
+ * fp16 MPI types and operators, wraps the world as `name` and starts the
+ * watchdog with timeout_s (the default until the run's script says
+ * otherwise). Returns 0; -1 when the watchdog cannot
  * run (no MPI thread support: *why says so and the run goes on
  * unwatched); -2 when the ranks did not all start (*why: 256 bytes). */
 int zt_comm_init(int *argc, char ***argv, zt_comm *world, const char *name,
                  double timeout_s, char *why);
 /* Ends MPI: a watched barrier first, so that a rank that never arrives is
- * reported instead of waited for inside MPI_Finalize. */
+ * reported instead of waited for inside MPI_Finalize; frees the types and
+ * operators zt_comm_init made. */
 void zt_comm_finalize(zt_comm *world);
 /* Ends every rank of the job now with exit code `code`. */
 void zt_comm_abort(int code) __attribute__((noreturn));
@@ -97,8 +116,7 @@ void zt_comm_dup(zt_comm *c, const char *name, zt_comm *out);
 /* The largest tag point-to-point transfers may use. */
 int zt_comm_tag_ub(const zt_comm *c);
 
-/* In-place reduction of n elements of type t over the group. */
-void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op);
+/* Waits until every member has arrived, watched. */
 void zt_comm_barrier(zt_comm *c);
 
 /* Every member learns the first failing member's status and message
@@ -111,45 +129,50 @@ int zt_comm_agree(zt_comm *c, int rc, zt_err *e);
 void zt_comm_phase_begin(zt_comm *c, const char *what);
 void zt_comm_phase_end(zt_comm *c);
 
-/* Total bytes over all operations. */
+/* Total bytes over all operations; bytes of one element type. */
 uint64_t zt_comm_total_bytes(const zt_comm *c);
+uint64_t zt_comm_dtype_bytes(const zt_comm *c, zt_dtype t);
 
-/* In-place reductions over the group. */
-void zt_comm_allreduce_f32(zt_comm *c, float *x, size_t n);
-void zt_comm_allreduce_max_f32(zt_comm *c, float *x, size_t n);
-void zt_comm_allreduce_f64(zt_comm *c, double *x, size_t n);
-/* Sum modulo 2^64 (checksums). */
-void zt_comm_allreduce_u64(zt_comm *c, uint64_t *x, size_t n);
-void zt_comm_bcast(zt_comm *c, void *buf, size_t bytes, int root);
-/* Gathers `n` floats from every member to `root` (recv: size*n floats). */
-void zt_comm_gather_f32(zt_comm *c, const float *send, float *recv, size_t n, int root);
+/* Data-moving calls. Counts are in elements of t. Blocking calls are
+ * watched; the non-blocking ones (zt_comm_i*) are watched in
+ * zt_comm_wait. The blocking all-reduce and broadcast take any n; the
+ * others move fewer than 2^31 elements per member (MPI's int counts). */
 
-/* Gathers counts[r] floats from member r into recv + displs[r] on root. */
-void zt_comm_gatherv_f32(zt_comm *c, const float *send, float *recv,
-                         const int *counts, const int *displs, int root);
+/* In place: x[n] := its reduction over the group. */
+void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op);
+void zt_comm_iallreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op, zt_req *r);
 
-/* Non-blocking, by element counts per member (counts[r] for member r):
- * reduce-scatter sums `send` (sum of counts elements) and leaves member r's
- * part in `recv` (send == recv: in place, the part lands at the start of
- * the buffer); all-gather fills `buf` (in place: this member's part is
- * already at displs[rank]). */
-void zt_comm_ireduce_scatter_f32(zt_comm *c, const float *send, float *recv,
-                                 const int *counts, zt_req *r);
-void zt_comm_iallgather_f32(zt_comm *c, float *buf, const int *counts,
-                            const int *displs, zt_req *r);
-void zt_comm_iallreduce_f32(zt_comm *c, float *x, size_t n, zt_req *r);
-/* The same, blocking (watched): for reductions waited for at once, which
- * then take MPI's faster blocking algorithms. */
-void zt_comm_reduce_scatter_f32(zt_comm *c, const float *send, float *recv, const int *counts);
-void zt_comm_allgather_f32(zt_comm *c, float *buf, const int *counts, const int *displs);
-/* Point-to-point (pipeline activations and gradients): n floats to or
+/* Reduces `send` (sum of counts elements) and leaves member r's part
+ * (counts[r] elements, in member order) in `recv`; send == recv: in place,
+ * the part lands at the start of the buffer. */
+void zt_comm_reduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+                            zt_dtype t, zt_redop op);
+void zt_comm_ireduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+                             zt_dtype t, zt_redop op, zt_req *r);
+
+/* In place: member r's counts[r] elements, already at buf + displs[r] on
+ * member r, end up at the same place on every member. */
+void zt_comm_allgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t);
+void zt_comm_iallgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t,
+                        zt_req *r);
+
+/* buf[n] of root to every member (ZT_U8 for a struct or a string). */
+void zt_comm_bcast(zt_comm *c, void *buf, size_t n, zt_dtype t, int root);
+
+/* To root: n elements of every member (recv: size*n, member order), or
+ * counts[r] elements of member r into recv + displs[r]. */
+void zt_comm_gather(zt_comm *c, const void *send, void *recv, size_t n, zt_dtype t, int root);
+void zt_comm_gatherv(zt_comm *c, const void *send, void *recv, const int *counts,
+                     const int *displs, zt_dtype t, int root);
+
+/* Point-to-point (pipeline activations and gradients): n elements to or
  * from member `peer` with `tag`. Bytes are counted on the sender. */
-void zt_comm_isend_f32(zt_comm *c, const float *buf, size_t n, int peer, int tag, zt_req *r);
-void zt_comm_irecv_f32(zt_comm *c, float *buf, size_t n, int peer, int tag, zt_req *r);
+void zt_comm_isend(zt_comm *c, const void *buf, size_t n, zt_dtype t, int peer, int tag,
+                   zt_req *r);
+void zt_comm_irecv(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r);
 /* Waits like zt_comm_wait but sleeps between tests once the wait is long:
  * a pipeline stage in its bubble leaves the core to the others. */
 void zt_comm_wait_idle(zt_req *r);
-void zt_comm_allreduce_max_f64(zt_comm *c, double *x, size_t n);
 
 /* A thread other than the main one says it makes MPI calls from now on
  * (a background checkpoint writer) and when it stops: while one does, the

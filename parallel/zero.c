@@ -246,7 +246,8 @@ static void close_grads(zt_zero *z, int unit) {
   zt_bucket *b = &z->buckets[z->bucket_of[unit]];
   if (--b->pending > 0) return;
   b->open = 0;
-  zt_comm_ireduce_scatter_f32(z->dp, z->bufs[b->buf], z->recv[b->buf], b->counts, &b->req);
+  zt_comm_ireduce_scatter(z->dp, z->bufs[b->buf], z->recv[b->buf], b->counts, ZT_F32, ZT_SUM,
+                          &b->req);
   b->in_flight = 1;
   if (!z->cfg.overlap) finish_bucket(z, b);
 }
@@ -267,7 +268,7 @@ static void start_gather(zt_zero *z, int unit) {
   int me = z->dp->rank;
   if (counts[me])
     z->be->copy(z->gbufs[k] + displs[me], z->w_shard + (a + displs[me] - z->lo), (size_t)counts[me]);
-  zt_comm_iallgather_f32(z->dp, z->gbufs[k], counts, displs, &z->unit_req[unit]);
+  zt_comm_iallgather(z->dp, z->gbufs[k], counts, displs, ZT_F32, &z->unit_req[unit]);
   z->unit_gathering[unit] = 1;
 }
 
@@ -371,7 +372,7 @@ void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
       return;
     case 1:
       /* in place: this rank's part lands at the start of g_full */
-      zt_comm_reduce_scatter_f32(z->dp, z->g_full, z->g_full, z->counts);
+      zt_comm_reduce_scatter(z->dp, z->g_full, z->g_full, z->counts, ZT_F32, ZT_SUM);
       *w = z->w_full + z->lo;
       *g = z->g_full;
       return;
@@ -393,7 +394,7 @@ void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
 
 void zt_zero_params_sync(zt_zero *z) {
   if (z->cfg.stage != 1 && z->cfg.stage != 2) return;
-  zt_comm_allgather_f32(z->dp, z->w_full, z->counts, z->displs);
+  zt_comm_allgather(z->dp, z->w_full, z->counts, z->displs, ZT_F32);
 }
 
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src) {

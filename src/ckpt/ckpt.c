@@ -446,7 +446,7 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
   if ((rc = zt_comm_agree(comm, rc, e))) return rc;
   char tmp[4096], what[96], stop_at[64], why[256];
   int32_t pid = (int32_t)getpid();
-  zt_comm_bcast(comm, &pid, sizeof pid, 0); /* one temporary name for all */
+  zt_comm_bcast(comm, &pid, sizeof pid, ZT_U8, 0); /* one temporary name for all */
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)pid);
   snprintf(stop_at, sizeof stop_at, "save:%lld", (long long)step);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);

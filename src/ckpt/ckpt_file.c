@@ -16,6 +16,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "src/core/half.h"
+
 _Static_assert(sizeof(hid_t) == sizeof(int64_t), "zt_ckpt_file keeps a hid_t in an int64_t");
 
 #define FORMAT "ztrain-checkpoint"
@@ -70,21 +72,6 @@ uint64_t zt_ckpt_file_box_checksum(const zt_ckpt_tensor *t, const int64_t *start
     while (d >= 0 && ++idx[d] == count[d]) idx[d--] = 0;
     if (d < 0) return sum;
   }
-}
-
-uint16_t zt_bf16_from_f32(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  /* NaN: keep it a NaN (rounding could carry its low bits into infinity) */
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-float zt_bf16_to_f32(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float x;
-  memcpy(&x, &u, sizeof x);
-  return x;
 }
 
 int64_t zt_ckpt_file_bf16_type(void) {

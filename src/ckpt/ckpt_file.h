@@ -184,10 +184,6 @@ void zt_ckpt_shape_str(char *buf, size_t n, int ndim, const int64_t *d);
 uint64_t zt_ckpt_file_box_checksum(const zt_ckpt_tensor *t, const int64_t *start,
                                    const int64_t *count, const float *x, uint64_t *nonfinite);
 
-/* float32 -> bfloat16, round to nearest, ties to even; NaN stays NaN. */
-uint16_t zt_bf16_from_f32(float x);
-float zt_bf16_to_f32(uint16_t b);
-
 /* A new HDF5 datatype id for bf16 as stored in checkpoints (the caller
  * closes it with H5Tclose); < 0 on failure. */
 int64_t zt_ckpt_file_bf16_type(void);

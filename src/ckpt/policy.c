@@ -92,9 +92,9 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_
   if (rc) return rc;
   if (world->rank == 0 && mkdir(dir, 0777) && errno != EEXIST)
     rc = zt_err_set(e, ZT_ERUNTIME, "cannot create checkpoint dir %s: %s", dir, strerror(errno));
-  zt_comm_bcast(world, &rc, sizeof rc, 0);
+  zt_comm_bcast(world, &rc, sizeof rc, ZT_U8, 0);
   if (rc) {
-    zt_comm_bcast(world, e->msg, sizeof e->msg, 0);
+    zt_comm_bcast(world, e->msg, sizeof e->msg, ZT_U8, 0);
     return e->code = rc;
   }
   char name[64], path[4200];
@@ -110,8 +110,8 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_
   }
   rc = zt_ckpt_save(path, s, e);
   if (!rc && world->rank == 0) rc = finish(dir, name, keep, e);
-  zt_comm_bcast(world, &rc, sizeof rc, 0);
-  if (rc) zt_comm_bcast(world, e->msg, sizeof e->msg, 0);
+  zt_comm_bcast(world, &rc, sizeof rc, ZT_U8, 0);
+  if (rc) zt_comm_bcast(world, e->msg, sizeof e->msg, ZT_U8, 0);
   return e->code = rc;
 }
 
@@ -242,9 +242,9 @@ int zt_ckpt_dir_resume(const char *dir, const zt_ckpt_state *s, char *used, size
     /* by the step's value: names past 8 digits do not sort as text */
     qsort(cands[from], (size_t)(count - from), sizeof cands[0], cmp_step_desc);
   }
-  zt_comm_bcast(world, &count, sizeof count, 0);
-  zt_comm_bcast(world, &skipped, sizeof skipped, 0);
-  zt_comm_bcast(world, cands, sizeof cands, 0);
+  zt_comm_bcast(world, &count, sizeof count, ZT_U8, 0);
+  zt_comm_bcast(world, &skipped, sizeof skipped, ZT_U8, 0);
+  zt_comm_bcast(world, cands, sizeof cands, ZT_U8, 0);
   used[0] = 0;
   int64_t before = *s->step;
   for (int i = 0; i < count; i++) {
@@ -255,7 +255,7 @@ int zt_ckpt_dir_resume(const char *dir, const zt_ckpt_state *s, char *used, size
       refusal(dir, real_dir, cands[i], why, sizeof why);
       refused = why[0] != 0;
     }
-    zt_comm_bcast(world, &refused, sizeof refused, 0);
+    zt_comm_bcast(world, &refused, sizeof refused, ZT_U8, 0);
     zt_err tried = {0};
     int rc = refused ? ZT_EINPUT : ZT_OK;
     if (!rc) {

@@ -16,6 +16,7 @@
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/h5util.h"
 #include "src/cli/zreshard.h"
+#include "src/core/half.h"
 
 int64_t zt_zreshard_chunk_max_bytes = INT64_C(64) << 20;
 
@@ -107,10 +108,8 @@ static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_ten
     if (rc) break;
     zt_ckpt_tally_box(&in, src, start, count, cv->buf, n);
     if (cv->bf16) { /* the checksum is of the values stored: rounded */
-      for (int64_t i = 0; i < n; i++) {
-        cv->half[i] = zt_bf16_from_f32(cv->buf[i]);
-        cv->buf[i] = zt_bf16_to_f32(cv->half[i]);
-      }
+      zt_bf16_from_f32_n(cv->half, cv->buf, (size_t)n);
+      zt_bf16_to_f32_n(cv->buf, cv->half, (size_t)n);
       out_sum += zt_ckpt_file_box_checksum(src, start, count, cv->buf, NULL);
     }
     hid_t fs = H5Dget_space(ds), ms = H5Screate_simple(nd, hn, NULL);

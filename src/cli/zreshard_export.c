@@ -14,6 +14,7 @@
 #include "src/ckpt/ckpt_file.h"
 #include "src/ckpt/h5util.h"
 #include "src/cli/zreshard.h"
+#include "src/core/half.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors and checkpoint checksums are defined on little-endian bytes"
@@ -41,7 +42,7 @@ static int export_block(void *ctx, const zt_ckpt_tensor *t, const int64_t *start
       c->half = h;
       c->half_n = n;
     }
-    for (int64_t i = 0; i < n; i++) c->half[i] = zt_bf16_from_f32(x[i]);
+    zt_bf16_from_f32_n(c->half, x, (size_t)n);
     data = c->half;
     size = sizeof *c->half;
   }

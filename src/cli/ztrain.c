@@ -237,7 +237,7 @@ static void on_signal(int sig) { stop_signal = sig; }
  * watched collective, like every other one of the step. */
 static int any_signal(zt_comm *world) {
   float sig = (float)stop_signal;
-  zt_comm_allreduce_max_f32(world, &sig, 1);
+  zt_comm_allreduce(world, &sig, 1, ZT_F32, ZT_MAX);
   return (int)sig;
 }
 

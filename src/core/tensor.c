@@ -3,6 +3,12 @@
  * resharding) goes through these functions. */
 #include "src/core/tensor.h"
 
+const char *zt_dtype_name(zt_dtype t) {
+  static const char *const names[ZT_DTYPE_COUNT] = {"f32",  "f64", "i32", "i64",
+                                                    "u64",  "bf16", "f16", "u8"};
+  return (unsigned)t < ZT_DTYPE_COUNT ? names[t] : "?";
+}
+
 static int whole(const zt_tensor_desc *t) {
   return t->shard.dim < 0 || t->shard.count <= 1;
 }

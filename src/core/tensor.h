@@ -12,10 +12,39 @@
 #define ZT_NAME_MAX 64
 
 /* Element types. Tensors are float32 today; the others are what
- * collectives reduce (norms in double, flags and checksums in integers). */
-typedef enum { ZT_F32 = 0, ZT_F64, ZT_I32, ZT_I64, ZT_U64 } zt_dtype;
+ * collectives move (norms in double, flags and checksums in integers,
+ * gradients in 16 bit where the precision policy says so: bf16 and fp16
+ * held as bit patterns, see half.h; opaque bytes in U8). New types are
+ * appended: the values index per-type tables (byte counts per dtype). */
+typedef enum {
+  ZT_F32 = 0,
+  ZT_F64,
+  ZT_I32,
+  ZT_I64,
+  ZT_U64,
+  ZT_BF16,
+  ZT_F16,
+  ZT_U8,
+  ZT_DTYPE_COUNT
+} zt_dtype;
 
-static inline size_t zt_dtype_size(zt_dtype t) { return t == ZT_F32 || t == ZT_I32 ? 4 : 8; }
+static inline size_t zt_dtype_size(zt_dtype t) {
+  switch (t) {
+    case ZT_U8: return 1;
+    case ZT_BF16:
+    case ZT_F16: return 2;
+    case ZT_F32:
+    case ZT_I32: return 4;
+    case ZT_F64:
+    case ZT_I64:
+    case ZT_U64: return 8;
+    case ZT_DTYPE_COUNT: break; /* no default: -Wswitch names a new type left out */
+  }
+  return 0;
+}
+
+/* "f32", "bf16", ...; "?" for a value outside the enum. */
+const char *zt_dtype_name(zt_dtype t);
 
 /* A TP shard: dimension `dim` of the logical tensor is cut into `groups`
  * equal parts (1 for a plain slice; 3 for gpt's fused q,k,v rows) and each

@@ -56,7 +56,7 @@ static int tp_on(const zt_model *m) { return m->tp && m->tp_size > 1; }
  * which the CPU backend's device pointers are; the CUDA backend will hand
  * device memory to an NCCL communicator here instead. */
 static void tp_sum(zt_model *m, float *x, size_t n) {
-  if (tp_on(m)) zt_comm_allreduce_f32(m->tp, x, n);
+  if (tp_on(m)) zt_comm_allreduce(m->tp, x, n, ZT_F32, ZT_SUM);
 }
 
 /* Sequence parallelism: full[N, C] = every rank's rows, this rank's being
@@ -67,7 +67,7 @@ static void seq_gather(zt_model *m, float *full, const float *mine) {
   float *at = full + (size_t)m->n0 * C;
   if (at != mine) m->be->copy(at, mine, (size_t)m->Ns * C);
   zt_req r;
-  zt_comm_iallgather_f32(m->tp, full, m->sp_counts, m->sp_displs, &r);
+  zt_comm_iallgather(m->tp, full, m->sp_counts, m->sp_displs, ZT_F32, &r);
   zt_comm_wait(&r);
 }
 
@@ -82,7 +82,7 @@ static void tp_reduce_rows(zt_model *m, float *x, float *out) {
     return;
   }
   zt_req r;
-  zt_comm_ireduce_scatter_f32(m->tp, x, out ? out : x, m->sp_counts, &r);
+  zt_comm_ireduce_scatter(m->tp, x, out ? out : x, m->sp_counts, ZT_F32, ZT_SUM, &r);
   zt_comm_wait(&r);
 }
 
@@ -199,7 +199,8 @@ static void qkv_dw(zt_model *m, const zt_block_params *b, const float *dqkv, con
   float *dw = G(m, b->qkv_w);
   m->be->gemm(1, 0, A, C, N, 1, dqkv, Q, ln1, C, 1, dw, C);
   m->be->gemm(1, 0, KV, C, N, 1, dqkv + A, Q, ln1, C, 0, m->dkv_w, C);
-  zt_comm_allreduce_f32(m->kv, m->dkv_w, (size_t)KV * C); /* host memory: see tp_sum */
+  /* host memory: see tp_sum */
+  zt_comm_allreduce(m->kv, m->dkv_w, (size_t)KV * C, ZT_F32, ZT_SUM);
   m->be->add(dw + (size_t)A * C, m->dkv_w, (size_t)KV * C);
 }
 
@@ -330,7 +331,7 @@ static void loss_fwd_bwd(zt_model *m, zt_slot *s, float dscale) {
     return;
   }
   be->xent_max(st, s->logits, N, Vl);
-  zt_comm_allreduce_max_f32(m->tp, st, (size_t)N); /* host memory: see tp_sum */
+  zt_comm_allreduce(m->tp, st, (size_t)N, ZT_F32, ZT_MAX); /* host memory: see tp_sum */
   be->xent_sumexp(st, s->logits, s->targets, N, Vl, v0);
   tp_sum(m, st + N, 2 * (size_t)N);
   be->xent_finish(s->logits, s->losses, st, s->targets, N, Vl, v0, dscale);

@@ -146,8 +146,8 @@ static void post_recv(zt_pipe *p, const zt_action *a, int i) {
   p->rbusy[k] = 1;
   p->recv_of[i] = k;
   int f = a->op == ZT_ACT_F, v = vstage(p, a->chunk);
-  zt_comm_irecv_f32(p->pp, p->rbuf[k], p->msg, f ? prev_rank(p) : next_rank(p),
-                    tag(p, !f, v, a->mb), &p->rreq[k]);
+  zt_comm_irecv(p->pp, p->rbuf[k], p->msg, ZT_F32, f ? prev_rank(p) : next_rank(p),
+                tag(p, !f, v, a->mb), &p->rreq[k]);
 }
 
 /* Posts the receives of the actions from *next on while buffers last. */
@@ -199,7 +199,7 @@ static void send(zt_pipe *p, const float *x, int peer, int t) {
   }
   p->m->be->copy(p->sends[k].buf, x, p->msg);
   p->sends[k].busy = 1;
-  zt_comm_isend_f32(p->pp, p->sends[k].buf, p->msg, peer, t, &p->sends[k].req);
+  zt_comm_isend(p->pp, p->sends[k].buf, p->msg, ZT_F32, peer, t, &p->sends[k].req);
 }
 
 /* ---- actions --------------------------------------------------------------- */
@@ -266,7 +266,7 @@ double zt_pipe_run(zt_pipe *p, int forward_only, float dscale, zt_pipe_fill fill
   memset(&p->st, 0, sizeof p->st);
   /* the stages start together, so that their windows measure one makespan */
   double sync = 0;
-  zt_comm_allreduce_f64(p->pp, &sync, 1);
+  zt_comm_allreduce(p->pp, &sync, 1, ZT_F64, ZT_SUM);
   double start = zt_timer_now(), loss = 0;
   int next = 0;
   for (int i = 0; i < n; i++) {

@@ -35,7 +35,7 @@ static int tied_init(zt_trainer *t, zt_err *e) {
   t->tied_end = g->pp_rank == 0 ? 1 : 2;
   t->tied_n = m->params[m->embed_tok].t.numel;
   int64_t first_numel = m->numel;
-  zt_comm_bcast(&g->embed_comm, &first_numel, sizeof first_numel, 0);
+  zt_comm_bcast(&g->embed_comm, &first_numel, 1, ZT_I64, 0);
   t->tied_counts = malloc((size_t)g->dp * sizeof *t->tied_counts);
   t->tied_displs = malloc((size_t)g->dp * sizeof *t->tied_displs);
   t->tied_part = m->be->alloc((size_t)t->tied_n * sizeof(float));
@@ -57,15 +57,16 @@ static void tied_refresh(zt_trainer *t) {
   if (!t->tied_end || !t->tied_stale) return;
   zt_grid *g = t->grid;
   int r = g->dp_rank;
-  size_t bytes = (size_t)t->tied_counts[r] * sizeof(float);
+  size_t n_part = (size_t)t->tied_counts[r];
   if (t->tied_end == 1) {
     int64_t from, n;
     const float *w = zt_zero_owned_weights(&t->zero, 0, t->tied_n, &from, &n);
-    zt_comm_bcast(&g->embed_comm, (void *)w, bytes, 0);
+    zt_comm_bcast(&g->embed_comm, (void *)w, n_part, ZT_F32, 0);
   } else {
-    zt_comm_bcast(&g->embed_comm, t->model->tied_w + t->tied_displs[r], bytes, 0);
+    zt_comm_bcast(&g->embed_comm, t->model->tied_w + t->tied_displs[r], n_part, ZT_F32, 0);
     zt_req q;
-    zt_comm_iallgather_f32(&g->dp_comm, t->model->tied_w, t->tied_counts, t->tied_displs, &q);
+    zt_comm_iallgather(&g->dp_comm, t->model->tied_w, t->tied_counts, t->tied_displs, ZT_F32,
+                       &q);
     zt_comm_wait(&q);
   }
   t->tied_stale = 0;
@@ -78,15 +79,15 @@ static void tied_refresh(zt_trainer *t) {
 static void tied_grads(zt_trainer *t) {
   zt_grid *g = t->grid;
   int r = g->dp_rank;
-  size_t bytes = (size_t)t->tied_counts[r] * sizeof(float);
+  size_t n_part = (size_t)t->tied_counts[r];
   if (t->tied_end == 2) {
     zt_req q;
-    zt_comm_ireduce_scatter_f32(&g->dp_comm, t->model->tied_g, t->tied_part, t->tied_counts,
-                                &q);
+    zt_comm_ireduce_scatter(&g->dp_comm, t->model->tied_g, t->tied_part, t->tied_counts, ZT_F32,
+                            ZT_SUM, &q);
     zt_comm_wait(&q);
-    zt_comm_bcast(&g->embed_comm, t->tied_part, bytes, 1);
+    zt_comm_bcast(&g->embed_comm, t->tied_part, n_part, ZT_F32, 1);
   } else if (t->tied_end == 1) {
-    zt_comm_bcast(&g->embed_comm, t->tied_part, bytes, 1);
+    zt_comm_bcast(&g->embed_comm, t->tied_part, n_part, ZT_F32, 1);
     zt_zero_add_grad(&t->zero, t->tied_displs[r], t->tied_counts[r], t->tied_part);
   }
 }
@@ -227,8 +228,8 @@ static void bubbles(zt_trainer *t, zt_step_stats *st) {
     sums[1 + 6 * me + op] = p->cost[op];
     sums[1 + 6 * me + 3 + op] = p->count[op];
   }
-  zt_comm_allreduce_f64(w, sums, (size_t)(1 + 6 * P));
-  zt_comm_allreduce_max_f64(w, &span, 1);
+  zt_comm_allreduce(w, sums, (size_t)(1 + 6 * P), ZT_F64, ZT_SUM);
+  zt_comm_allreduce(w, &span, 1, ZT_F64, ZT_MAX);
   st->bubble = span > 0 ? 1 - sums[0] / (w->size * span) : 0;
   for (int s = 0; s < P; s++)
     for (int op = 0; op < 3; op++) {
@@ -252,7 +253,7 @@ static void find_nonfinite(zt_trainer *t, const zt_optim_range *r, zt_step_stats
   const zt_model *m = t->model;
   int np = m->n_params;
   double key = -(double)zt_optim_first_nonfinite(m, r); /* the minimum, as a maximum */
-  zt_comm_allreduce_max_f64(&t->grid->world, &key, 1);
+  zt_comm_allreduce(&t->grid->world, &key, 1, ZT_F64, ZT_MAX);
   int first = (int)-key;
   if (first < np)
     snprintf(st->nonfinite, sizeof st->nonfinite, "weights of %s are not finite",
@@ -300,7 +301,7 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
    * all of them at stage 0: rank 0 counts; the stages hold disjoint
    * tensors). */
   double sums[2] = {g->tp_rank == 0 ? loss : 0, zt_optim_sumsq(m, &r, count_any)};
-  zt_comm_allreduce_f64(&g->world, sums, 2);
+  zt_comm_allreduce(&g->world, sums, 2, ZT_F64, ZT_SUM);
   /* Every rank holds the same sums, so every rank decides alike. A skipped
    * step still advances t: the next step takes the next global batch. */
   int rc = ZT_OK;
@@ -344,7 +345,7 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     /* Finite gradients can still make non-finite weights (a huge learning
      * rate); they must stop the run before any checkpoint holds them. */
     double key = -(first >= 0 ? first : m->n_params);
-    zt_comm_allreduce_max_f64(&g->world, &key, 1);
+    zt_comm_allreduce(&g->world, &key, 1, ZT_F64, ZT_MAX);
     if ((int)-key < m->n_params)
       rc = zt_err_set(e, ZT_ERUNTIME,
                       "step %lld: the update made weights of %s non-finite (learning rate %g, "
@@ -375,6 +376,6 @@ double zt_trainer_eval(zt_trainer *t, int batches) {
   double sum = 0;
   for (int k = 0; k < batches; k++) sum += run_batch(t, &t->val, k, 0, 0);
   if (t->grid->tp_rank != 0) sum = 0;
-  zt_comm_allreduce_f64(&t->grid->world, &sum, 1);
+  zt_comm_allreduce(&t->grid->world, &sum, 1, ZT_F64, ZT_SUM);
   return sum / ((double)batches * t->cfg.global_batch * t->model->cfg.seq);
 }

@@ -36,6 +36,7 @@
 #include "parallel/comm.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
+#include "tests/unit/mpi_check.h"
 
 #define LOSS_TOL 1e-6
 #define GRAD_TOL 1e-5
@@ -43,16 +44,6 @@
 #define T 16
 
 static int rank, failures;
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      failures++;                                          \
-      fprintf(stderr, "rank %d: FAIL: ", rank);            \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fputc('\n', stderr);                                 \
-    }                                                      \
-  } while (0)
 
 /* Host copy of a device buffer. */
 static float *fetch(const zt_model *m, const float *dev, int64_t n) {
