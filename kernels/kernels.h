@@ -84,12 +84,15 @@ typedef struct zt_backend {
   void (*rope_bwd)(float *dx, const float *cs, int N, int T, int nh, int hd, int rs);
 
   /* Causal attention over qkv rows [q: H*hd | k: KVH*hd | v: KVH*hd]; query
-   * head h reads kv head h / (H/KVH). out[N, H*hd], probs[B,H,T,T] saved
-   * for backward. bwd writes dqkv (=), using dprobs [B,H,T,T] as scratch. */
-  void (*attn_fwd)(float *out, float *probs, const float *qkv, int B, int T,
+   * head h reads kv head h / (H/KVH); scores scaled by 1/sqrt(hd). fwd
+   * writes out[N, H*hd] and lse[B, H, T], each row's log-sum-exp of its
+   * scaled causal scores (row max included), which is all backward keeps
+   * besides qkv and out: memory O(N), never [T, T]. bwd recomputes the
+   * probabilities from qkv and lse and writes dqkv (=). */
+  void (*attn_fwd)(float *out, float *lse, const float *qkv, int B, int T,
                    int H, int KVH, int hd);
-  void (*attn_bwd)(float *dqkv, float *dprobs, const float *dout,
-                   const float *qkv, const float *probs, int B, int T, int H,
+  void (*attn_bwd)(float *dqkv, const float *dout, const float *qkv,
+                   const float *out, const float *lse, int B, int T, int H,
                    int KVH, int hd);
 
   /* Cross-entropy: per-row loss[N] = logsumexp(logits) - logits[target];

@@ -34,10 +34,10 @@
                    int rs);                                                    \
   void P##rope_bwd(real *dx, const real *cs, int N, int T, int nh, int hd,     \
                    int rs);                                                    \
-  void P##attn_fwd(real *out, real *probs, const real *qkv, int B, int T,      \
+  void P##attn_fwd(real *out, real *lse, const real *qkv, int B, int T,        \
                    int H, int KVH, int hd);                                    \
-  void P##attn_bwd(real *dqkv, real *dprobs, const real *dout,                 \
-                   const real *qkv, const real *probs, int B, int T, int H,    \
+  void P##attn_bwd(real *dqkv, const real *dout, const real *qkv,              \
+                   const real *out, const real *lse, int B, int T, int H,      \
                    int KVH, int hd);                                           \
   void P##xent_fwd_bwd(real *logits, real *loss, const int32_t *targets,       \
                        int N, int V, real dscale);                             \

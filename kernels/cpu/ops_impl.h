@@ -10,6 +10,8 @@
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef REAL real;
@@ -280,81 +282,169 @@ void FN(rope_bwd)(real *dx, const real *cs, int N, int T, int nh, int hd, int rs
   FN(rope_apply)(dx, cs, N, T, nh, hd, rs, -1);
 }
 
-/* One task per (sample, kv head): the query heads sharing a kv head run in
- * the same task, so their dK/dV accumulation needs no atomics. BLAS calls
- * inside the parallel region run single-threaded (OpenBLAS/OpenMP). */
-void FN(attn_fwd)(real *out, real *probs, const real *qkv, int B, int T,
-                  int H, int KVH, int hd) {
-  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
-  real scale = 1 / sqrt((real)hd);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int b = 0; b < B; b++)
-    for (int kh = 0; kh < KVH; kh++) {
-      const real *base = qkv + (size_t)b * T * rs;
-      const real *K = base + (size_t)(H + kh) * hd;
-      const real *V = base + (size_t)(H + KVH + kh) * hd;
-      for (int g = 0; g < G; g++) {
-        int h = kh * G + g;
-        const real *Q = base + (size_t)h * hd;
-        real *P = probs + ((size_t)b * H + h) * T * T;
-        /* P[T,T] = scale * Q[T,hd] K[T,hd]^T, then causal softmax by row */
-        FN(gemm)(0, 1, T, T, hd, scale, Q, rs, K, rs, 0, P, T);
-        for (int i = 0; i < T; i++) {
-          real *p = P + (size_t)i * T, mx = p[0], sum = 0;
-#pragma omp simd reduction(max : mx)
-          for (int j = 1; j <= i; j++) mx = p[j] > mx ? p[j] : mx;
-#pragma omp simd reduction(+ : sum)
-          for (int j = 0; j <= i; j++) sum += (p[j] = EXP(p[j] - mx));
-          for (int j = 0; j <= i; j++) p[j] /= sum;
-          for (int j = i + 1; j < T; j++) p[j] = 0;
-        }
-        /* out[T,hd] = P[T,T] V[T,hd] */
-        FN(gemm)(0, 0, T, hd, T, 1, P, T, V, rs, 0,
-                 out + (size_t)b * T * os + (size_t)h * hd, os);
-      }
-    }
+/* Causal attention without the T x T matrix (FlashAttention-2): query
+ * tiles of ATTN_BR rows meet key tiles of up to ATTN_BC keys, the scores
+ * of one pair of tiles at a time in a per-thread scratch. Tiles above the
+ * diagonal are never computed; the diagonal ones are masked (key j > query
+ * i is the future). BLAS calls inside the parallel regions run
+ * single-threaded (OpenBLAS/OpenMP). */
+#ifndef ATTN_BR
+#define ATTN_BR 64
+#define ATTN_BC 256
+/* How many of the keys j0 .. j0 + kb - 1 query i sees: the others are its
+ * future. */
+static inline int zt_attn_seen(int i, int j0, int kb) {
+  int v = i - j0 + 1;
+  return v < 0 ? 0 : v > kb ? kb : v;
+}
+#endif
+
+/* nt blocks of `per` reals, 64-byte aligned, one per thread: the tiles'
+ * scratch, a few hundred KB in all. The ops have no error path, and a
+ * failure to find that much is no state to train on. */
+static real *FN(attn_scratch)(size_t per, int *stride) {
+  *stride = (int)((per + 15) / 16 * 16);
+  size_t bytes = (size_t)omp_get_max_threads() * *stride * sizeof(real);
+  real *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) {
+    fprintf(stderr, "ztrain: no memory for the attention tiles (%zu bytes)\n", bytes);
+    abort();
+  }
+  return p;
 }
 
-void FN(attn_bwd)(real *dqkv, real *dprobs, const real *dout, const real *qkv,
-                  const real *probs, int B, int T, int H, int KVH, int hd) {
+/* Online softmax: each query tile keeps its rows' running max m and sum l
+ * and rescales its output rows (in `out` itself) when m grows; at the end
+ * out /= l and lse = m + log l. Tasks are (query tile, sample, head), the
+ * longest rows (last tiles) first, since the causal triangle makes them
+ * the most work. */
+void FN(attn_fwd)(real *out, real *lse, const real *qkv, int B, int T, int H, int KVH,
+                  int hd) {
+  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd, nq = (T + ATTN_BR - 1) / ATTN_BR;
+  real scale = 1 / sqrt((real)hd);
+  int stride;
+  real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 2 * ATTN_BR, &stride);
+#pragma omp parallel
+  {
+    real *P = scratch + (size_t)omp_get_thread_num() * stride;
+    real *m = P + ATTN_BR * ATTN_BC, *l = m + ATTN_BR;
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int t = 0; t < nq; t++)
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+          int i0 = (nq - 1 - t) * ATTN_BR, br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
+          const real *base = qkv + (size_t)b * T * rs;
+          const real *Q = base + (size_t)i0 * rs + (size_t)h * hd;
+          const real *K = base + (size_t)(H + h / G) * hd;
+          const real *V = base + (size_t)(H + KVH + h / G) * hd;
+          real *O = out + ((size_t)b * T + i0) * os + (size_t)h * hd;
+          for (int j0 = 0; j0 < i0 + br; j0 += ATTN_BC) {
+            int kb = i0 + br - j0 < ATTN_BC ? i0 + br - j0 : ATTN_BC;
+            /* P[br,kb] = scale * Q K^T, then the online softmax by row */
+            FN(gemm)(0, 1, br, kb, hd, scale, Q, rs, K + (size_t)j0 * rs, rs, 0, P, ATTN_BC);
+            for (int r = 0; r < br; r++) {
+              int n = zt_attn_seen(i0 + r, j0, kb);
+              real *p = P + (size_t)r * ATTN_BC, mx = -INFINITY, sum = 0;
+#pragma omp simd reduction(max : mx)
+              for (int j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+              real mnew = j0 && m[r] > mx ? m[r] : mx;
+#pragma omp simd reduction(+ : sum)
+              for (int j = 0; j < n; j++) sum += (p[j] = EXP(p[j] - mnew));
+              for (int j = n; j < kb; j++) p[j] = 0;
+              if (!j0) {
+                m[r] = mnew, l[r] = sum;
+              } else if (n) { /* n = 0: nothing seen here, nothing changes */
+                real alpha = EXP(m[r] - mnew), *o = O + (size_t)r * os;
+                for (int d = 0; d < hd; d++) o[d] *= alpha;
+                m[r] = mnew, l[r] = alpha * l[r] + sum;
+              }
+            }
+            /* O[br,hd] (+)= P[br,kb] V[kb,hd] */
+            FN(gemm)(0, 0, br, hd, kb, 1, P, ATTN_BC, V + (size_t)j0 * rs, rs, j0 ? 1 : 0, O,
+                     os);
+          }
+          real *L = lse + ((size_t)b * H + h) * T + i0;
+          for (int r = 0; r < br; r++) {
+            real *o = O + (size_t)r * os;
+            for (int d = 0; d < hd; d++) o[d] /= l[r];
+            L[r] = m[r] + log(l[r]);
+          }
+        }
+  }
+  free(scratch);
+}
+
+/* Recomputes P = exp(scale QK^T - lse) tile by tile. One task per (sample,
+ * kv head): the query heads sharing a kv head run in the same task, so
+ * their dK/dV accumulation needs no atomics. With D = rowsum(dO * O)
+ * (= rowsum(P * dP)): dV += P^T dO, dP = dO V^T, dS = scale P (dP - D),
+ * dQ = dS K, dK += dS^T Q. */
+void FN(attn_bwd)(real *dqkv, const real *dout, const real *qkv, const real *out,
+                  const real *lse, int B, int T, int H, int KVH, int hd) {
   int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
   real scale = 1 / sqrt((real)hd);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int b = 0; b < B; b++)
-    for (int kh = 0; kh < KVH; kh++) {
-      const real *base = qkv + (size_t)b * T * rs;
-      real *dbase = dqkv + (size_t)b * T * rs;
-      const real *K = base + (size_t)(H + kh) * hd;
-      const real *V = base + (size_t)(H + KVH + kh) * hd;
-      real *dK = dbase + (size_t)(H + kh) * hd;
-      real *dV = dbase + (size_t)(H + KVH + kh) * hd;
-      for (int t = 0; t < T; t++) {
-        memset(dK + (size_t)t * rs, 0, sizeof(real) * hd);
-        memset(dV + (size_t)t * rs, 0, sizeof(real) * hd);
-      }
-      for (int g = 0; g < G; g++) {
-        int h = kh * G + g;
-        const real *Q = base + (size_t)h * hd;
-        const real *P = probs + ((size_t)b * H + h) * T * T;
-        const real *dO = dout + (size_t)b * T * os + (size_t)h * hd;
-        real *dP = dprobs + ((size_t)b * H + h) * T * T;
-        /* dP[T,T] = dO[T,hd] V^T;  dV[T,hd] += P^T dO */
-        FN(gemm)(0, 1, T, T, hd, 1, dO, os, V, rs, 0, dP, T);
-        FN(gemm)(1, 0, T, hd, T, 1, P, T, dO, os, 1, dV, rs);
-        /* softmax backward, scaled: dS = scale * P * (dP - rowsum(P*dP)) */
-        for (int i = 0; i < T; i++) {
-          const real *p = P + (size_t)i * T;
-          real *dp = dP + (size_t)i * T, dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int j = 0; j <= i; j++) dot += p[j] * dp[j];
-          for (int j = 0; j <= i; j++) dp[j] = scale * p[j] * (dp[j] - dot);
-          for (int j = i + 1; j < T; j++) dp[j] = 0;
+  int stride;
+  real *scratch = FN(attn_scratch)((size_t)2 * ATTN_BR * ATTN_BC + ATTN_BR, &stride);
+#pragma omp parallel
+  {
+    real *P = scratch + (size_t)omp_get_thread_num() * stride;
+    real *dP = P + ATTN_BR * ATTN_BC, *D = dP + ATTN_BR * ATTN_BC;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int kh = 0; kh < KVH; kh++) {
+        const real *base = qkv + (size_t)b * T * rs;
+        real *dbase = dqkv + (size_t)b * T * rs;
+        const real *K = base + (size_t)(H + kh) * hd;
+        const real *V = base + (size_t)(H + KVH + kh) * hd;
+        real *dK = dbase + (size_t)(H + kh) * hd;
+        real *dV = dbase + (size_t)(H + KVH + kh) * hd;
+        for (int t = 0; t < T; t++) {
+          memset(dK + (size_t)t * rs, 0, sizeof(real) * hd);
+          memset(dV + (size_t)t * rs, 0, sizeof(real) * hd);
         }
-        /* dQ[T,hd] = dS K;  dK[T,hd] += dS^T Q */
-        FN(gemm)(0, 0, T, hd, T, 1, dP, T, K, rs, 0, dbase + (size_t)h * hd, rs);
-        FN(gemm)(1, 0, T, hd, T, 1, dP, T, Q, rs, 1, dK, rs);
+        for (int h = kh * G; h < (kh + 1) * G; h++)
+          for (int i0 = 0; i0 < T; i0 += ATTN_BR) {
+            int br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
+            const real *Q = base + (size_t)i0 * rs + (size_t)h * hd;
+            const real *dO = dout + ((size_t)b * T + i0) * os + (size_t)h * hd;
+            const real *O = out + ((size_t)b * T + i0) * os + (size_t)h * hd;
+            const real *L = lse + ((size_t)b * H + h) * T + i0;
+            real *dQ = dbase + (size_t)i0 * rs + (size_t)h * hd;
+            for (int r = 0; r < br; r++) {
+              real dot = 0;
+#pragma omp simd reduction(+ : dot)
+              for (int d = 0; d < hd; d++) dot += dO[(size_t)r * os + d] * O[(size_t)r * os + d];
+              D[r] = dot;
+            }
+            for (int j0 = 0; j0 < i0 + br; j0 += ATTN_BC) {
+              int kb = i0 + br - j0 < ATTN_BC ? i0 + br - j0 : ATTN_BC;
+              const real *Kj = K + (size_t)j0 * rs, *Vj = V + (size_t)j0 * rs;
+              /* P[br,kb] = exp(scale * Q K^T - lse), 0 in the future */
+              FN(gemm)(0, 1, br, kb, hd, scale, Q, rs, Kj, rs, 0, P, ATTN_BC);
+              for (int r = 0; r < br; r++) {
+                int n = zt_attn_seen(i0 + r, j0, kb);
+                real *p = P + (size_t)r * ATTN_BC;
+#pragma omp simd
+                for (int j = 0; j < n; j++) p[j] = EXP(p[j] - L[r]);
+                for (int j = n; j < kb; j++) p[j] = 0;
+              }
+              /* dV[kb,hd] += P^T dO;  dP[br,kb] = dO V^T */
+              FN(gemm)(1, 0, kb, hd, br, 1, P, ATTN_BC, dO, os, 1, dV + (size_t)j0 * rs, rs);
+              FN(gemm)(0, 1, br, kb, hd, 1, dO, os, Vj, rs, 0, dP, ATTN_BC);
+              for (int r = 0; r < br; r++) {
+                const real *p = P + (size_t)r * ATTN_BC;
+                real *dp = dP + (size_t)r * ATTN_BC;
+#pragma omp simd
+                for (int j = 0; j < kb; j++) dp[j] = scale * p[j] * (dp[j] - D[r]);
+              }
+              /* dQ[br,hd] (+)= dS K;  dK[kb,hd] += dS^T Q */
+              FN(gemm)(0, 0, br, hd, kb, 1, dP, ATTN_BC, Kj, rs, j0 ? 1 : 0, dQ, rs);
+              FN(gemm)(1, 0, kb, hd, br, 1, dP, ATTN_BC, Q, rs, 1, dK + (size_t)j0 * rs, rs);
+            }
+          }
       }
-    }
+  }
+  free(scratch);
 }
 
 /* Cross-entropy, row by row. The three pieces are shared by the fused

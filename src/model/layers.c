@@ -235,7 +235,7 @@ void zt_layers_block_fwd(zt_model *m, zt_slot *s, int i, int l, int recompute) {
   linear_fwd(m, a->qkv, a->ln1, b->qkv_w, b->qkv_b, m->qkv_rows, C, 0);
   if (c->arch == ZT_ARCH_LLAMA) /* q and k heads are the first H+KVH of a row */
     be->rope_fwd(a->qkv, m->rope_cs, N, c->seq, m->heads + m->kv_heads, m->hd, m->qkv_rows);
-  be->attn_fwd(a->att, a->probs, a->qkv, m->B, c->seq, m->heads, m->kv_heads, m->hd);
+  be->attn_fwd(a->att, a->lse, a->qkv, m->B, c->seq, m->heads, m->kv_heads, m->hd);
   row_parallel_fwd(m, a->mid, a->att, b->out_w, b->out_b, s->res[i], m->att_dim);
 
   norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->mid, b->norm2_w, b->norm2_b);
@@ -289,8 +289,8 @@ void zt_layers_block_bwd(zt_model *m, zt_slot *s, int i, int l, int input_only) 
   if (sv) be->copy(sv->dy_out, dy, NC);
   else linear_dw(m, dy, a->att, b->out_w, b->out_b, C, m->att_dim);
   linear_dx(m, m->datt, dy, b->out_w, C, m->att_dim);
-  be->attn_bwd(dqkv, m->dprobs, m->datt, a->qkv, a->probs, m->B, c->seq, m->heads,
-               m->kv_heads, m->hd);
+  be->attn_bwd(dqkv, m->datt, a->qkv, a->att, a->lse, m->B, c->seq, m->heads, m->kv_heads,
+               m->hd);
   if (c->arch == ZT_ARCH_LLAMA)
     be->rope_bwd(dqkv, m->rope_cs, N, c->seq, m->heads + m->kv_heads, m->hd, m->qkv_rows);
   if (!sv) qkv_dw(m, b, dqkv, a->ln1);

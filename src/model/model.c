@@ -31,13 +31,12 @@ static int recomputed(const zt_model *m, int l) {
 static void carve_acts(zt_model *m, carver *cv, zt_block_acts *a) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
-  size_t P = (size_t)m->B * m->heads * c->seq * c->seq;
   a->ln1 = carve(cv, N * C * f);
   a->ln1_mean = carve(cv, Ns * f);
   a->ln1_rstd = carve(cv, Ns * f);
   a->qkv = carve(cv, N * m->qkv_rows * f);
   a->att = carve(cv, N * m->att_dim * f);
-  a->probs = carve(cv, P * f);
+  a->lse = carve(cv, (size_t)m->B * m->heads * c->seq * f);
   a->mid = carve(cv, Ns * C * f);
   a->ln2 = carve(cv, N * C * f);
   a->ln2_mean = carve(cv, Ns * f);
@@ -96,7 +95,6 @@ static void carve_slot(zt_model *m, carver *cv, const zt_chunk *k, zt_slot *s) {
 static void carve_all(zt_model *m, carver *cv) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
-  size_t P = (size_t)m->B * m->heads * c->seq * c->seq;
   int any = 0;
   for (int k = 0; k < m->n_chunks; k++)
     for (int l = m->chunks[k].first; l <= m->chunks[k].last; l++) any |= recomputed(m, l);
@@ -111,7 +109,6 @@ static void carve_all(zt_model *m, carver *cv) {
   m->dqkv = carve(cv, N * m->qkv_rows * f);
   m->dfc = carve(cv, N * m->fc_rows * f);
   m->dact = carve(cv, N * m->hidden * f);
-  m->dprobs = carve(cv, P * f);
   m->dkv_w = carve(cv, m->kv_rep > 1 ? (size_t)(m->qkv_rows - m->att_dim) * C * f : 0);
   m->dnorm = carve(cv, m->sp ? 4 * C * f : 0);
   m->rope_cs = carve(cv, (size_t)c->seq * m->hd * f);

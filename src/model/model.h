@@ -68,7 +68,7 @@ typedef struct zt_block_params {
 
 /* Saved activations of one block for one micro-batch. */
 typedef struct zt_block_acts {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *probs, *mid;
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse /* [B, heads, T] */, *mid;
   float *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
 } zt_block_acts;
 
@@ -198,7 +198,7 @@ typedef struct zt_model {
   float *arena;
   zt_block_acts racts; /* the activations recomputed blocks share (in arena) */
   float *xent_stats; /* [3N] for the vocab-parallel loss (kernels.h) */
-  float *dres, *dln, *datt, *dqkv, *dfc, *dact, *dprobs;
+  float *dres, *dln, *datt, *dqkv, *dfc, *dact;
   float *dkv_w; /* kv_rep > 1: [2*hd, C] k, v weight gradient of one block */
   float *dnorm; /* sp: [4, C] a unit's partial norm gradients */
   size_t act_bytes; /* the arena: every slot's activations and a pass's scratch */
