@@ -37,16 +37,18 @@ static pair outp(size_t n) {
 }
 static void freep(pair p) { free(p.f); free(p.d); }
 
-static void expect_same(const char *what, pair p) {
+static void expect_within(const char *what, pair p, double tol) {
   double d = 0, m = 0;
   for (size_t i = 0; i < p.n; i++) {
     d = fmax(d, fabs(p.f[i] - p.d[i]));
     m = fmax(m, fabs(p.d[i]));
   }
   double err = d / fmax(m, 1e-30);
-  printf("  %-22s float vs double %.2e\n", what, err);
-  assert_true(err <= TOL);
+  printf("  %-22s float vs double %.2e (tolerance %.1e)\n", what, err, tol);
+  assert_true(err <= tol);
 }
+
+static void expect_same(const char *what, pair p) { expect_within(what, p, TOL); }
 
 static void test_gelu(void **state) {
   (void)state;
@@ -87,10 +89,19 @@ static void test_attention(void **state) {
   zt_cpu_f64_attn_fwd(out.d, lse.d, qkv.d, B, T, H, KVH, hd);
   expect_same("attention lse", lse);
   expect_same("attention out", out);
-  /* Not the backward: it takes exp(s - lse) with lse ~ 30 at these scores,
-   * where one ulp of lse is 2e-6 of P, which is lse's rounding, not exp's
-   * (unit_gradcheck checks the backward itself) */
-  freep(qkv); freep(out); freep(lse);
+  /* The backward takes exp(s - lse) with lse ~ 30 at these scores, where
+   * one ulp of a float lse is 2e-6 of P: the two backwards get the very
+   * same inputs (the float forward's out and lse), so that what is compared
+   * is the backward's own float arithmetic and exp */
+  for (size_t i = 0; i < out.n; i++) out.d[i] = out.f[i];
+  for (size_t i = 0; i < lse.n; i++) lse.d[i] = lse.f[i];
+  pair dout = randp(out.n, "attn.dout", 1.0), dqkv = outp(qkv.n);
+  zt_cpu_f32_attn_bwd(dqkv.f, dout.f, qkv.f, out.f, lse.f, B, T, H, KVH, hd);
+  zt_cpu_f64_attn_bwd(dqkv.d, dout.d, qkv.d, out.d, lse.d, B, T, H, KVH, hd);
+  /* its dK and dV sum over up to T query rows and dQ over T keys: float's
+   * worst case for a sum of T terms is T ulps (T * 2^-24 = 1.8e-5 here) */
+  expect_within("attention backward", dqkv, T * 0x1p-24);
+  freep(qkv); freep(out); freep(lse); freep(dout); freep(dqkv);
 }
 
 static void test_xent(void **state) {
