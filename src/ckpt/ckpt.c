@@ -686,10 +686,11 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   for (int which = 0; which < 3; which++)
     for (int i = 0; i < np; i++) {
       zt_ckpti_counted_range(s, &m->params[i].t, &a0, &b0);
-      m->be->download(p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
+      m->be->copy(m->stream, p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
       a->pieces[which * np + i] = p;
       p += b0 - a0;
     }
+  m->be->stream_sync(m->stream); /* the snapshot is whole before the thread reads it */
   zt_comm_dup(&s->grid->world, "ckpt", &a->comm);
   pthread_mutex_init(&a->gate_lock, NULL);
   pthread_cond_init(&a->gate, NULL);
