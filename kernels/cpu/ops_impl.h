@@ -145,52 +145,54 @@ static real *FN(gemm_scratch)(size_t n) {
   return s->p;
 }
 
-/* Blocks, in reals of scratch: op(B)'s columns in blocks of at most
- * GEMM16_B (the whole of it for every weight of GPT-2 but the tied
- * embedding), op(A)'s rows with C's in blocks of at most GEMM16_AC. Every
- * block's GEMM runs over all of k, so blocking changes no sum. */
-#ifndef GEMM16_B
-#define GEMM16_B ((size_t)16 << 20)
-#define GEMM16_AC ((size_t)4 << 20)
+/* Scratch budget of one 16-bit GEMM, in reals (128 MiB): within it, the
+ * whole of A, B and (for a 16-bit C) C is widened and one float GEMM does
+ * the product, the same call on the same values as the float build's, so
+ * the result is its result rounded once, bit for bit. Every GEMM of a
+ * GPT-2 124M block at 4 x 1024 rows fits (18M reals at the most, the
+ * MLP's). Beyond it, op(B)'s columns go in blocks of up to half of it and
+ * op(A)'s rows with C's in blocks of the rest; each block's GEMM still
+ * sums over all of k in float, but the BLAS may group the sums otherwise
+ * for a block than for the whole (oneDNN does), so the last bits may
+ * differ from the float build's there. */
+#ifndef GEMM16_SCRATCH
+#define GEMM16_SCRATCH ((size_t)32 << 20)
+#endif
+#ifndef GEMM16_PAR
 #define GEMM16_PAR 16384 /* elements from which conversions use every thread */
+/* How many of `whole` rows (or columns) of `per` reals fit in `budget`:
+ * all, or a multiple of 64, at least 64. */
 static inline int zt_gemm16_block(size_t budget, size_t per, int whole) {
-  size_t b = budget / (per ? per : 1) / 64 * 64;
-  return b >= (size_t)whole ? whole : b < 64 ? 64 : (int)b;
+  size_t b = budget / (per ? per : 1);
+  return b >= (size_t)whole ? whole : b < 64 ? 64 : (int)(b / 64 * 64);
 }
 #endif
 
 /* C = alpha op(A) op(B) + beta C on 16-bit A and B, into a 16-bit c16 or a
- * real c32: the blocks of A and B are widened (exactly) into scratch, the
- * real GEMM multiplies them (a product of 16-bit values is exact in float,
- * and the sums are float's: a GPU's 16-bit GEMM with float accumulation),
- * and a 16-bit C is rounded once at the end (widened first when beta != 0). */
+ * real c32: A and B are widened (exactly) into scratch, the real GEMM
+ * multiplies them (a product of 16-bit values is exact in float, and the
+ * sums are float's: a GPU's 16-bit GEMM with float accumulation), and a
+ * 16-bit C is rounded once at the end (widened first when beta != 0). */
 static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const store *a,
                           int lda, const store *b, int ldb, real beta, store *c16, real *c32,
                           int ldc) {
   if (m <= 0 || n <= 0) return;
-  if (k <= 0) { /* C = beta C, and exactly 0 for beta = 0, as BLAS does */
-    for (int i = 0; i < m; i++)
-      for (int j = 0; j < n; j++) {
-        size_t x = (size_t)i * ldc + j;
-        if (c32) c32[x] = beta != 0 ? beta * c32[x] : 0;
-        else c16[x] = ST(beta != 0 ? beta * LD(c16[x]) : 0);
-      }
-    return;
-  }
-  size_t K = (size_t)k;
-  int nb = zt_gemm16_block(GEMM16_B, K, n);
+  size_t K = (size_t)(k > 0 ? k : 0);
+  int nb = zt_gemm16_block(GEMM16_SCRATCH / 2, K, n);
+  if (K * n + (size_t)m * (K + (c16 ? n : 0)) <= GEMM16_SCRATCH) nb = n; /* all in one */
   size_t per_row = K + (c16 ? (size_t)nb : 0);
-  int mb = zt_gemm16_block(GEMM16_AC, per_row, m);
+  size_t rest = GEMM16_SCRATCH > K * nb ? GEMM16_SCRATCH - K * nb : 0;
+  int mb = zt_gemm16_block(rest, per_row, m);
   real *B = FN(gemm_scratch)(K * nb + (size_t)mb * per_row);
   real *A = B + K * nb, *C = A + (size_t)mb * K;
   for (int j0 = 0; j0 < n; j0 += nb) {
     int nj = n - j0 < nb ? n - j0 : nb;
-    int par = (size_t)nj * K >= GEMM16_PAR, ldbw = tb ? k : nj;
+    int par = (size_t)nj * K >= GEMM16_PAR, ldbw = tb ? (k > 1 ? k : 1) : nj;
     /* op(B)[k, nj]: stored [n, k] when transposed, else [k, n] */
     if (tb) FN(widen)(B, b + (size_t)j0 * ldb, (size_t)ldb, nj, k, par);
     else FN(widen)(B, b + j0, (size_t)ldb, k, nj, par);
     for (int i0 = 0; i0 < m; i0 += mb) {
-      int mi = m - i0 < mb ? m - i0 : mb, ldaw = ta ? mi : k;
+      int mi = m - i0 < mb ? m - i0 : mb, ldaw = ta ? mi : (k > 1 ? k : 1);
       par = (size_t)mi * K >= GEMM16_PAR;
       /* op(A)[mi, k]: stored [k, m] when transposed, else [m, k] */
       if (ta) FN(widen)(A, a + i0, (size_t)lda, k, mi, par);
@@ -201,7 +203,9 @@ static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const
         continue;
       }
       par = (size_t)mi * nj >= GEMM16_PAR;
-      if (beta != 0) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
+      /* k = 0 too: oneDNN then leaves C as it was where OpenBLAS scales
+       * it by beta; whatever the float GEMM does to C, it does here */
+      if (beta != 0 || k <= 0) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
       FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, C, nj);
       FN(narrow)(c16 + c0, (size_t)ldc, C, mi, nj, par);
     }

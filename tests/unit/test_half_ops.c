@@ -30,6 +30,22 @@
 #include "src/core/rng.h"
 #include "tests/unit/pool.h"
 
+/* ops_impl.h again, bf16, with a small GEMM scratch budget: see
+ * test_gemm_blocks. */
+#define REAL float
+#define STORE uint16_t
+#define LD zt_bf16_to_f32
+#define ST zt_bf16_from_f32
+#define LD_N zt_bf16_to_f32_n
+#define ST_N zt_bf16_from_f32_n
+#define FN(name) tiny_bf16_##name
+#define GEMM zt_cpu_sgemm
+#define EXP zt_expf
+#define TANH zt_tanhf
+#define GEMM16_SCRATCH ((size_t)1 << 16)
+#include "kernels/cpu/gemm_path.h"
+#include "kernels/cpu/ops_impl.h"
+
 /* One 16-bit build: its rounding, its unit roundoff u (half an ulp,
  * relative: 2^-8 for bf16's 8 significant bits, 2^-11 for fp16's 11), the
  * smallest fp16 subnormal's half (absolute error below fp16's normals) and
@@ -182,36 +198,61 @@ static void test_gemm(void **state) {
       snprintf(what, sizeof what, "gemm_acc(%c,%c) +=", ta ? 'T' : 'N', tb ? 'T' : 'N');
       expect_same(F, what, acc, ref, (size_t)m * ldc);
     }
+  /* k = 0: whatever the float GEMM makes of C (OpenBLAS: beta C; oneDNN
+   * leaves it) */
+  hv c = hrand(F, (size_t)m * n, "gemm.c", 0, 1);
+  F->gemm(0, 0, m, n, 0, 1, c.h, 1, c.h, n, 0.5f, c.h, n);
+  zt_cpu_f32_gemm(0, 0, m, n, 0, 1, c.f, 1, c.f, n, 0.5f, c.f, n);
+  expect_rounded(F, "gemm k = 0, beta 0.5", c.h, c.f, c.n);
 }
 
-/* Shapes past the 16-bit GEMM's blocks (ops_impl.h: op(B) over 16M reals
- * is cut into column blocks, A and C rows into blocks of at most 4M reals
- * with the k and n they carry), each block's GEMM over all of k: the same
- * sums as one float GEMM. The 16-bit weight-gradient shape (A transposed)
- * cuts A's stored columns. */
+/* Shapes past the 16-bit GEMM's scratch budget, cut into column blocks of
+ * op(B) and row blocks of op(A) and C (ops_impl.h): this file instantiates
+ * ops_impl.h once more, in bf16, with a budget of 64K reals instead of
+ * 32M, so that small shapes take those paths (the blocking does not depend
+ * on the format). Each block's float GEMM sums over all of k, but the BLAS
+ * may group a block's sums otherwise than the whole's, so the result is
+ * held to float accumulation's bound instead of bitwise: both sums within
+ * γ_{k+2} (Σ_p |α a_ip b_pj| + |β c_ij|) of the exact one (γ_j = j 2^-24 /
+ * (1 - j 2^-24)), so E = twice that apart, and a 16-bit C rounded once
+ * more: u (|ref| + E). */
 static void test_gemm_blocks(void **state) {
-  const fmt16 *F = fmt(state);
-  struct { int ta, tb, m, n, k; } cs[] = {
-      {0, 1, 8, 4100, 4096}, /* two column blocks, the second of 4 */
-      {1, 0, 1000, 16, 8192}, /* three row blocks, the last partial */
-      {0, 0, 1000, 16, 8192},
-  };
-  for (size_t q = 0; q < sizeof cs / sizeof *cs; q++) {
-    int ta = cs[q].ta, tb = cs[q].tb, m = cs[q].m, n = cs[q].n, k = cs[q].k;
-    int lda = ta ? m : k, ldb = tb ? k : n;
-    hv a = hrand(F, (size_t)m * k, "blocks.a", 0, 1), b = hrand(F, (size_t)n * k, "blocks.b", 0, 1);
-    hv c = hrand(F, (size_t)m * n, "blocks.c", 0, 1);
-    float *acc = fdup(c.f, c.n), *ref = fdup(c.f, c.n);
-    F->gemm(ta, tb, m, n, k, 1, a.h, lda, b.h, ldb, 0.5f, c.h, n);
-    zt_cpu_f32_gemm(ta, tb, m, n, k, 1, a.f, lda, b.f, ldb, 0.5f, c.f, n);
-    char what[48];
-    snprintf(what, sizeof what, "gemm %dx%dx%d (%c,%c)", m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N');
-    expect_rounded(F, what, c.h, c.f, c.n);
-    F->gemm_acc(ta, tb, m, n, k, 1, a.h, lda, b.h, ldb, 1, acc, n);
-    zt_cpu_f32_gemm(ta, tb, m, n, k, 1, a.f, lda, b.f, ldb, 1, ref, n);
-    snprintf(what, sizeof what, "gemm_acc %dx%dx%d", m, n, k);
-    expect_same(F, what, acc, ref, c.n);
-  }
+  (void)state;
+  enum { m = 90, n = 700, k = 200, pad = 3 }; /* 6 column blocks x 2 row blocks */
+  const fmt16 *F = &BF16;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+      int lda = ac + pad, ldb = bc + pad, ldc = n + pad;
+      hv a = hrand(F, (size_t)ar * lda, "blocks.a", 0, 1), b = hrand(F, (size_t)br * ldb, "blocks.b", 0, 1);
+      hv c = hrand(F, (size_t)m * ldc, "blocks.c", 0, 1);
+      float *acc = fdup(c.f, c.n), *ref = fdup(c.f, c.n);
+      tiny_bf16_gemm(ta, tb, m, n, k, 0.7f, a.h, lda, b.h, ldb, 0.3f, c.h, ldc);
+      tiny_bf16_gemm_acc(ta, tb, m, n, k, 0.7f, a.h, lda, b.h, ldb, 0.3f, acc, ldc);
+      zt_cpu_f32_gemm(ta, tb, m, n, k, 0.7f, a.f, lda, b.f, ldb, 0.3f, ref, ldc);
+      double g = (k + 2) * 0x1p-24 / (1 - (k + 2) * 0x1p-24), worst16 = 0, worst32 = 0;
+      size_t moved = 0;
+      for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldc; j++) {
+          size_t x = (size_t)i * ldc + j;
+          if (j >= n) { /* the pads: untouched */
+            assert_true(c.h[x] == F->from(c.f[x]) && acc[x] == c.f[x]);
+            continue;
+          }
+          double mag = 0.3 * fabs(c.f[x]);
+          for (int p = 0; p < k; p++)
+            mag += 0.7 * fabs((double)a.f[ta ? (size_t)p * lda + i : (size_t)i * lda + p] *
+                              b.f[tb ? (size_t)j * ldb + p : (size_t)p * ldb + j]);
+          double E = 2 * g * mag, r = ref[x];
+          worst32 = fmax(worst32, fabs(acc[x] - r) / E);
+          worst16 = fmax(worst16, fabs(F->to(c.h[x]) - r) / (E + F->u * (fabs(r) + E)));
+          moved += acc[x] != ref[x];
+        }
+      print_message("  bf16 gemm(%c,%c) %dx%dx%d in blocks: %.3f of the bound (16-bit C), %.3f "
+                    "(gemm_acc; %zu not the float build's bits)\n", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                    m, n, k, worst16, worst32, moved);
+      assert_true(worst16 <= 1 && worst32 <= 1);
+    }
 }
 
 /* ------------------------------------------------------------- embedding */
@@ -523,7 +564,7 @@ int main(void) {
   cmocka_unit_test_prestate_setup_teardown(f, NULL, free_pool, (void *)&BF16),      \
       cmocka_unit_test_prestate_setup_teardown(f, NULL, free_pool, (void *)&F16)
   const struct CMUnitTest tests[] = {
-      T2(test_gemm),      T2(test_gemm_blocks), T2(test_embed),     T2(test_layernorm),
+      T2(test_gemm),      cmocka_unit_test_teardown(test_gemm_blocks, free_pool), T2(test_embed),     T2(test_layernorm),
       T2(test_rmsnorm),   T2(test_elementwise), T2(test_rope),      T2(test_attention),
       T2(test_attention_chain), T2(test_xent),  T2(test_adamw),
   };
