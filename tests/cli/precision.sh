@@ -12,6 +12,8 @@
 #    bitwise equal; the same checkpoint continued in fp32 runs (the
 #    checkpoint holds the fp32 masters) and matches an fp32 run loaded from
 #    that checkpoint on another layout;
+#  - gradients summed in bf16 over dp (ZeRO 0 and 2) within tolerance, with
+#    the gradient bytes halved;
 #  - fp16 with its default dynamic loss scale: every metrics line has
 #    loss_scale and skipped, and the loss falls.
 # Usage: precision.sh ZTRAIN MPIRUN...
@@ -80,6 +82,29 @@ for z in 0 1 2; do
     close bf16 dp2_z$z 2e-3 5e-3
 done
 run grid8 8 -e 'parallel = {dp = 2, pp = 2, tp = 2, zero = 1}' && close bf16 grid8 8e-3 3e-2
+
+# gradients summed over dp in bf16 (train.grad_reduce_dtype): each rank's
+# fp32 gradient rounded to bf16 and the sum rounded at each step, the same
+# class of error as tensor parallelism's partial sums (measured 2.3e-3 and
+# 7.0e-3); and the gradient bytes halved: at ZeRO-0 the dp traffic is the
+# gradients' all-reduce alone (ratio 1/2); at ZeRO-2 with 2 micro-batches it
+# is two gradient reduce-scatters and one fp32 weight all-gather of equal
+# volume (ratio (2 * 1/2 + 1) / 3 = 2/3)
+for z in 0 2; do
+  run gr16_z$z 2 -e "parallel = {dp = 2, zero = {stage = $z, bucket_bytes = 8192}}" \
+    -e 'train.grad_reduce_dtype = "bf16"' && close bf16 gr16_z$z 8e-3 3e-2 &&
+  /usr/bin/python3 - dp2_z$z gr16_z$z $z <<'PY' || fail=$((fail + 1))
+import json, sys
+a, b, z = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fp32 = [json.loads(l)["bytes"]["dp"] for l in open(f"{a}/m.jsonl") if '"bytes"' in l]
+half = [json.loads(l)["bytes"]["dp"] for l in open(f"{b}/m.jsonl") if '"bytes"' in l]
+want = 0.5 if z == 0 else 2 / 3
+ratios = {round(h / f, 12) for h, f in zip(half, fp32)}
+print(f"zero {z}: dp bytes with bf16 gradient sums / fp32: {sorted(ratios)}")
+if ratios != {round(want, 12)}:
+    sys.exit(f"FAIL: zero {z}: byte ratios {ratios}, expected {want}")
+PY
+done
 
 # resume in bf16 from step 6: bitwise; continue that checkpoint in fp32
 mkdir -p resumed && (cd resumed && OMP_NUM_THREADS=1 "$Z" ../run.lua --load ../bf16/ck/step_00000006.h5 \
