@@ -145,16 +145,19 @@ static real *FN(gemm_scratch)(size_t n) {
   return s->p;
 }
 
-/* Scratch budget of one 16-bit GEMM, in reals (128 MiB): within it, the
+/* Scratch budget of one 16-bit GEMM, in reals (128 MiB). Within it, the
  * whole of A, B and (for a 16-bit C) C is widened and one float GEMM does
- * the product, the same call on the same values as the float build's, so
+ * the product: the same call on the same values as the float build's, so
  * the result is its result rounded once, bit for bit. Every GEMM of a
  * GPT-2 124M block at 4 x 1024 rows fits (18M reals at the most, the
- * MLP's). Beyond it, op(B)'s columns go in blocks of up to half of it and
- * op(A)'s rows with C's in blocks of the rest; each block's GEMM still
- * sums over all of k in float, but the BLAS may group the sums otherwise
- * for a block than for the whole (oneDNN does), so the last bits may
- * differ from the float build's there. */
+ * MLP's). Beyond it (an LM head), the one of A and B that fits in half of
+ * it is widened whole once and the other goes in blocks of C's columns or
+ * rows; when neither fits (a long k), k goes in blocks, their products
+ * summed into C in float (a 16-bit C kept in real scratch until the last,
+ * so still rounded once), and C's rows in blocks too if C is too large.
+ * Each block's GEMM is a large one (the LM head's are 4096 x 5952 x 768 or
+ * so), but the BLAS may group a block's sums otherwise than the whole's
+ * (oneDNN does), so the last bits may differ from the float build's. */
 #ifndef GEMM16_SCRATCH
 #define GEMM16_SCRATCH ((size_t)32 << 20)
 #endif
@@ -177,37 +180,52 @@ static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const
                           int lda, const store *b, int ldb, real beta, store *c16, real *c32,
                           int ldc) {
   if (m <= 0 || n <= 0) return;
-  size_t K = (size_t)(k > 0 ? k : 0);
-  int nb = zt_gemm16_block(GEMM16_SCRATCH / 2, K, n);
-  if (K * n + (size_t)m * (K + (c16 ? n : 0)) <= GEMM16_SCRATCH) nb = n; /* all in one */
-  size_t per_row = K + (c16 ? (size_t)nb : 0);
-  size_t rest = GEMM16_SCRATCH > K * nb ? GEMM16_SCRATCH - K * nb : 0;
-  int mb = zt_gemm16_block(rest, per_row, m);
-  real *B = FN(gemm_scratch)(K * nb + (size_t)mb * per_row);
-  real *A = B + K * nb, *C = A + (size_t)mb * K;
+  size_t S = GEMM16_SCRATCH, K = (size_t)(k > 0 ? k : 0), M = (size_t)m, Nn = (size_t)n;
+  size_t cc = c16 ? 1 : 0; /* a 16-bit C needs real scratch */
+  int mb = m, nb = n, kb = k > 0 ? k : 1;
+  if (K * Nn + M * K + cc * M * Nn <= S) {
+  } else if (M * K <= S / 2) { /* A whole, C's columns in blocks */
+    nb = zt_gemm16_block(S - M * K, K + cc * M, n);
+  } else if (K * Nn <= S / 2) { /* B whole, C's rows in blocks */
+    mb = zt_gemm16_block(S - K * Nn, K + cc * Nn, m);
+  } else { /* k in blocks, and C's rows when C is large */
+    if (cc * M * Nn > S / 2) mb = zt_gemm16_block(S / 2, Nn, m);
+    kb = zt_gemm16_block(S - cc * (size_t)mb * Nn, (size_t)mb + Nn, k);
+  }
+  real *A = FN(gemm_scratch)((size_t)mb * kb + (size_t)kb * nb + cc * (size_t)mb * nb);
+  real *B = A + (size_t)mb * kb, *C = B + (size_t)kb * nb;
+  int a_i = -1, a_p = -1, b_p = -1, b_j = -1; /* the blocks in scratch */
   for (int j0 = 0; j0 < n; j0 += nb) {
     int nj = n - j0 < nb ? n - j0 : nb;
-    int par = (size_t)nj * K >= GEMM16_PAR, ldbw = tb ? (k > 1 ? k : 1) : nj;
-    /* op(B)[k, nj]: stored [n, k] when transposed, else [k, n] */
-    if (tb) FN(widen)(B, b + (size_t)j0 * ldb, (size_t)ldb, nj, k, par);
-    else FN(widen)(B, b + j0, (size_t)ldb, k, nj, par);
     for (int i0 = 0; i0 < m; i0 += mb) {
-      int mi = m - i0 < mb ? m - i0 : mb, ldaw = ta ? mi : (k > 1 ? k : 1);
-      par = (size_t)mi * K >= GEMM16_PAR;
-      /* op(A)[mi, k]: stored [k, m] when transposed, else [m, k] */
-      if (ta) FN(widen)(A, a + i0, (size_t)lda, k, mi, par);
-      else FN(widen)(A, a + (size_t)i0 * lda, (size_t)lda, mi, k, par);
+      int mi = m - i0 < mb ? m - i0 : mb;
       size_t c0 = (size_t)i0 * ldc + j0;
-      if (c32) {
-        FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, c32 + c0, ldc);
-        continue;
-      }
-      par = (size_t)mi * nj >= GEMM16_PAR;
+      real *Cb = c16 ? C : c32 + c0;
+      int ldcw = c16 ? nj : ldc, par = (size_t)mi * nj >= GEMM16_PAR;
       /* k = 0 too: oneDNN then leaves C as it was where OpenBLAS scales
        * it by beta; whatever the float GEMM does to C, it does here */
-      if (beta != 0 || k <= 0) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
-      FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, C, nj);
-      FN(narrow)(c16 + c0, (size_t)ldc, C, mi, nj, par);
+      if (c16 && (beta != 0 || k <= 0)) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
+      for (int p0 = 0; p0 == 0 || p0 < k; p0 += kb) {
+        int kp = k - p0 < kb ? k - p0 : kb;
+        kp = kp > 0 ? kp : 0;
+        /* op(A)[mi, kp]: stored [k, m] when transposed, else [m, k] */
+        if (a_i != i0 || a_p != p0) {
+          par = (size_t)mi * kp >= GEMM16_PAR;
+          if (ta) FN(widen)(A, a + (size_t)p0 * lda + i0, (size_t)lda, kp, mi, par);
+          else FN(widen)(A, a + (size_t)i0 * lda + p0, (size_t)lda, mi, kp, par);
+          a_i = i0, a_p = p0;
+        }
+        /* op(B)[kp, nj]: stored [n, k] when transposed, else [k, n] */
+        if (b_p != p0 || b_j != j0) {
+          par = (size_t)kp * nj >= GEMM16_PAR;
+          if (tb) FN(widen)(B, b + (size_t)j0 * ldb + p0, (size_t)ldb, nj, kp, par);
+          else FN(widen)(B, b + (size_t)p0 * ldb + j0, (size_t)ldb, kp, nj, par);
+          b_p = p0, b_j = j0;
+        }
+        int ldaw = ta ? mi : (kp > 1 ? kp : 1), ldbw = tb ? (kp > 1 ? kp : 1) : nj;
+        FN(rgemm)(ta, tb, mi, nj, kp, alpha, A, ldaw, B, ldbw, p0 ? 1 : beta, Cb, ldcw);
+      }
+      if (c16) FN(narrow)(c16 + c0, (size_t)ldc, C, mi, nj, (size_t)mi * nj >= GEMM16_PAR);
     }
   }
 }

@@ -206,22 +206,27 @@ static void test_gemm(void **state) {
   expect_rounded(F, "gemm k = 0, beta 0.5", c.h, c.f, c.n);
 }
 
-/* Shapes past the 16-bit GEMM's scratch budget, cut into column blocks of
- * op(B) and row blocks of op(A) and C (ops_impl.h): this file instantiates
- * ops_impl.h once more, in bf16, with a budget of 64K reals instead of
- * 32M, so that small shapes take those paths (the blocking does not depend
- * on the format). Each block's float GEMM sums over all of k, but the BLAS
- * may group a block's sums otherwise than the whole's, so the result is
- * held to float accumulation's bound instead of bitwise: both sums within
- * γ_{k+2} (Σ_p |α a_ip b_pj| + |β c_ij|) of the exact one (γ_j = j 2^-24 /
- * (1 - j 2^-24)), so E = twice that apart, and a 16-bit C rounded once
- * more: u (|ref| + E). */
+/* Shapes past the 16-bit GEMM's scratch budget, which it cuts into blocks
+ * (ops_impl.h): this file instantiates ops_impl.h once more, in bf16, with
+ * a budget of 64K reals instead of 32M, so that small shapes take each way
+ * (the blocking does not depend on the format). A block's float GEMM may
+ * group its sums otherwise than the whole's, so the result is held to
+ * float accumulation's bound instead of bitwise: every sum, however
+ * grouped, within γ_{k+2} (Σ_p |α a_ip b_pj| + |β c_ij|) of the exact one
+ * (γ_j = j 2^-24 / (1 - j 2^-24)), so E = twice that apart, and a 16-bit C
+ * rounded once more: u (|ref| + E). */
 static void test_gemm_blocks(void **state) {
   (void)state;
-  enum { m = 90, n = 700, k = 200, pad = 3 }; /* 6 column blocks x 2 row blocks */
   const fmt16 *F = &BF16;
-  for (int ta = 0; ta < 2; ta++)
-    for (int tb = 0; tb < 2; tb++) {
+  struct { int m, n, k; const char *way; } cs[] = {
+      {40, 2000, 100, "A whole, 6 column blocks (gemm_acc 4)"},
+      {2000, 40, 100, "B whole, 6 row blocks (gemm_acc 4)"},
+      {150, 120, 1000, "8 k blocks (gemm_acc 6)"},
+      {300, 200, 1000, "3 row x 16 k blocks (gemm_acc 8 k)"},
+  };
+  for (size_t q = 0; q < sizeof cs / sizeof *cs; q++)
+    for (int t = 0; t < 4; t++) {
+      int m = cs[q].m, n = cs[q].n, k = cs[q].k, ta = t >> 1, tb = t & 1, pad = 3;
       int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
       int lda = ac + pad, ldb = bc + pad, ldc = n + pad;
       hv a = hrand(F, (size_t)ar * lda, "blocks.a", 0, 1), b = hrand(F, (size_t)br * ldb, "blocks.b", 0, 1);
@@ -248,10 +253,11 @@ static void test_gemm_blocks(void **state) {
           worst16 = fmax(worst16, fabs(F->to(c.h[x]) - r) / (E + F->u * (fabs(r) + E)));
           moved += acc[x] != ref[x];
         }
-      print_message("  bf16 gemm(%c,%c) %dx%dx%d in blocks: %.3f of the bound (16-bit C), %.3f "
-                    "(gemm_acc; %zu not the float build's bits)\n", ta ? 'T' : 'N', tb ? 'T' : 'N',
-                    m, n, k, worst16, worst32, moved);
+      print_message("  bf16 gemm(%c,%c) %dx%dx%d, %s: %.3f of the bound (16-bit C), %.3f "
+                    "(gemm_acc, %zu not the float build's bits)\n", ta ? 'T' : 'N',
+                    tb ? 'T' : 'N', m, n, k, cs[q].way, worst16, worst32, moved);
       assert_true(worst16 <= 1 && worst32 <= 1);
+      free_pool(NULL);
     }
 }
 
