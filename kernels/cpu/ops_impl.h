@@ -8,18 +8,19 @@
  * The includer defines REAL, FN(name) and GEMM (cblas_sgemm's arguments, on
  * real), and for a 16-bit build also STORE (uint16_t) with LD(x) (store ->
  * real, exact), ST(v) (real -> store, round to nearest even) and LD_N/ST_N,
- * their array versions. Without STORE, store is real and LD/ST are the
- * identity, so the f32 and f64 builds compile to what they were before
- * storage had a type of its own.
+ * their array versions. Without STORE, store is real.
  *
  * What is store and what stays real (kernels.h's contract): activations,
  * the weights an op reads and input gradients are store; norm statistics,
  * attention's lse, losses, cross-entropy stats and every parameter gradient
- * an op accumulates are real. A 16-bit value is read once into real,
- * computed on as the f32 build does and rounded once when written, so each
- * elementwise result is the f32 build's result on the same inputs rounded
- * once; an input gradient accumulated (+=) is widened, added in real and
- * rounded once.
+ * an op accumulates are real. A 16-bit op widens its inputs once (a row,
+ * a chunk, a head, a GEMM panel), computes on them as the f32 build does
+ * and rounds each result once, so every 16-bit output is the f32 build's
+ * output on the same values rounded once, and every real one is the f32
+ * build's; an input gradient accumulated (+=) is widened, added in real
+ * and rounded once. Where store is real, LD, ST and the row helpers below
+ * hand back what they are given, so the f32 and f64 builds compute what
+ * they did before storage had a type of its own.
  *
  * Plain loops with shape comments, OpenMP over rows; reductions over rows
  * (parameter gradients) are split over columns instead, so no two threads
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 typedef REAL real;
 #ifdef STORE
@@ -109,7 +111,6 @@ static void FN(narrow)(store *dst, size_t ld, const real *src, int rows, int col
 /* The 16-bit GEMMs' scratch: one buffer per thread, grown as needed and
  * kept between calls (a GPT-2 panel is megabytes, and fresh pages on every
  * call cost their faults every call), freed when its thread ends. */
-#include <threads.h>
 typedef struct { real *p; size_t n; } FN(scratch_t);
 static tss_t FN(scratch_key);
 static once_flag FN(scratch_once) = ONCE_FLAG_INIT;
@@ -257,7 +258,7 @@ void FN(gemm_acc)(int ta, int tb, int m, int n, int k, real alpha, const store *
  * a vocab-parallel shard otherwise). A token outside that range belongs to
  * another shard: its row is 0 here (plus the position), and the caller's sum
  * over shards adds exactly one token row, so the result is bit-identical to
- * the whole-table lookup. */
+ * the whole-table lookup. One call a step: the scalar LD and ST do. */
 void FN(embed_fwd)(store *out, const int32_t *tok, const store *wte,
                    const store *wpe, int B, int T, int C, int v0, int Vl) {
   /* out[B*T, C] */
