@@ -353,6 +353,25 @@ static inline real *FN(rowout)(real *buf, int i, size_t C, real *x) {
 static inline void FN(put)(real *x, const real *r, size_t C) { (void)x, (void)r, (void)C; }
 #endif
 
+/* The norms' parameter gradients, column-split: dw += dout * xhat with
+ * xhat = (x - mean) rstd, and db += dout (LayerNorm); RMSNorm has no mean
+ * (NULL: x - 0 is x exactly) and no bias (db NULL). */
+static void FN(norm_dw)(real *dw, real *db, const store *dout, const store *x,
+                        const real *mean, const real *rstd, int N, int C) {
+  ZT_COLUMN_SPLIT(C, {
+    real *buf = FN(rows)(2, c1 - c0);
+    for (int n = 0; n < N; n++) {
+      const real *d = FN(row)(buf, 0, dout + (size_t)n * C + c0, c1 - c0);
+      const real *xr = FN(row)(buf, 1, x + (size_t)n * C + c0, c1 - c0);
+      real m = mean ? mean[n] : 0, s = rstd[n];
+      for (int c = c0; c < c1; c++) dw[c] += d[c - c0] * (xr[c - c0] - m) * s;
+      if (db)
+        for (int c = c0; c < c1; c++) db[c] += d[c - c0];
+    }
+    free(buf);
+  })
+}
+
 void FN(layernorm_fwd)(store *out, real *mean, real *rstd, const store *x,
                        const store *w, const store *b, int N, int C, real eps) {
   real *wb = FN(rows)(2, C);
@@ -414,19 +433,7 @@ void FN(layernorm_bwd)(store *dx, real *dw, real *db, const store *dout,
     free(buf);
   }
   free(wb);
-  ZT_COLUMN_SPLIT(C, {
-    real *buf = FN(rows)(2, c1 - c0);
-    for (int n = 0; n < N; n++) {
-      const real *d = FN(row)(buf, 0, dout + (size_t)n * C + c0, c1 - c0);
-      const real *xr = FN(row)(buf, 1, x + (size_t)n * C + c0, c1 - c0);
-      real m = mean[n], s = rstd[n];
-      for (int c = c0; c < c1; c++) {
-        dw[c] += d[c - c0] * (xr[c - c0] - m) * s;
-        db[c] += d[c - c0];
-      }
-    }
-    free(buf);
-  })
+  FN(norm_dw)(dw, db, dout, x, mean, rstd, N, C);
 }
 
 void FN(rmsnorm_fwd)(store *out, real *rstd, const store *x, const store *w,
@@ -475,16 +482,7 @@ void FN(rmsnorm_bwd)(store *dx, real *dw, const store *dout, const store *x,
     free(buf);
   }
   free(wb);
-  ZT_COLUMN_SPLIT(C, {
-    real *buf = FN(rows)(2, c1 - c0);
-    for (int n = 0; n < N; n++) {
-      const real *d = FN(row)(buf, 0, dout + (size_t)n * C + c0, c1 - c0);
-      const real *xr = FN(row)(buf, 1, x + (size_t)n * C + c0, c1 - c0);
-      real s = rstd[n];
-      for (int c = c0; c < c1; c++) dw[c] += d[c - c0] * xr[c - c0] * s;
-    }
-    free(buf);
-  })
+  FN(norm_dw)(dw, NULL, dout, x, NULL, rstd, N, C);
 }
 
 void FN(bias_fwd)(store *y, const store *b, int N, int C) {
