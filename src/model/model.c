@@ -359,9 +359,9 @@ static void head_hooks(zt_model *m, zt_phase ph, int start) {
 
 void *zt_model_input(zt_model *m, int c, int s) { return m->chunks[c].slots[s].res[0]; }
 
-void zt_model_sync_weights(zt_model *m) {
+void zt_model_sync_weights(zt_model *m, int all) {
   if (m->dt == ZT_F32) return;
-  if (m->w) m->be->convert(m->stream, m->dt, m->wc, ZT_F32, m->w, (size_t)m->numel);
+  if (all && m->w) m->be->convert(m->stream, m->dt, m->wc, ZT_F32, m->w, (size_t)m->numel);
   if (m->tied_w)
     m->be->convert(m->stream, m->dt, m->tied_wc, ZT_F32, m->tied_w,
                    (size_t)m->params[m->embed_tok].t.numel);

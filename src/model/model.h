@@ -292,9 +292,10 @@ void zt_model_wgrad(zt_model *m, int c, int s);
 void *zt_model_input(zt_model *m, int c, int s);
 const void *zt_model_output(const zt_model *m, int c, int s);
 
-/* The compute weights (wc, tied_wc) made equal to the fp32 weights w
- * (tied_w), rounded: after every update and load. Nothing in fp32. */
-void zt_model_sync_weights(zt_model *m);
+/* The compute weights made equal to the fp32 ones, rounded: tied_wc from
+ * tied_w and, with all, wc from w; after every update and load. Nothing in
+ * fp32. */
+void zt_model_sync_weights(zt_model *m, int all);
 
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */

@@ -58,9 +58,12 @@ double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale);
  * the count of applied updates, which skipped steps do not advance);
  * returns the LR used. Weight decay applies to tensors of two or more
  * dimensions only. sums->nonfinite += the weights this update left
- * non-finite (zt_optim_first_nonfinite then says where). */
+ * non-finite (zt_optim_first_nonfinite then says where). w16 (may be NULL):
+ * where the range's weights rounded to the model's 16-bit dtype go, written
+ * in the same pass (the model's compute weights, when this rank updates
+ * them all). */
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
-                       int64_t t, float gscale, zt_step_sums *sums);
+                       int64_t t, float gscale, zt_step_sums *sums, void *w16);
 
 /* Where the range first holds a non-finite value, in parameter-table
  * order, weights before gradients: i for a weight of tensor i,

@@ -134,7 +134,7 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
     m->wc = NULL; /* fp32 only at stage 3: it was w */
   }
   m->hooks = (zt_model_hooks){.ctx = &t->zero, .before = hook_before, .after = hook_after};
-  t->wc_stale = 1; /* whatever init or a load leaves in w, rounded at the first pass */
+  t->wc_stale = ZT_WC_ALL; /* whatever init or a load leaves in w, rounded at the first pass */
 
   size_t n = (size_t)cfg->micro_batch * m->cfg.seq;
   t->inputs = malloc(n * sizeof *t->inputs);
@@ -202,7 +202,7 @@ static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, f
   batch_ctx b = {t, ld, k};
   if (t->piped) tied_refresh(t);
   if (t->wc_stale) { /* 16-bit runs: the weights computed with, from the fp32 ones */
-    zt_model_sync_weights(t->model);
+    zt_model_sync_weights(t->model, t->wc_stale == ZT_WC_ALL);
     t->wc_stale = 0;
   }
   if (t->piped) {
@@ -357,7 +357,11 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     st->grad_norm = zt_optim_clip(&c->optim, sums[1] / (scale * scale), &gscale);
     gscale = (float)(gscale / scale);
     m->be->memzero(m->stream, t->sums, sizeof *t->sums);
-    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums);
+    /* at ZeRO-0 this rank updates every weight: AdamW writes the 16-bit
+     * copy in its own pass, and only a tied copy is left to round */
+    int all16 = m->wc != m->w && t->zero.cfg.stage == 0;
+    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums,
+                             all16 ? m->wc : NULL);
     m->be->copy(m->stream, &dev, t->sums, sizeof dev);
     m->be->stream_sync(m->stream);
     /* Finite gradients can still make non-finite weights (a huge learning
@@ -372,7 +376,7 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
                       (long long)t->t, m->params[(int)-key].t.name, st->lr, st->grad_norm);
     zt_zero_params_sync(&t->zero);
     t->tied_stale = 1;
-    t->wc_stale = 1;
+    t->wc_stale = all16 ? ZT_WC_TIED : ZT_WC_ALL;
   }
   zt_trace_slice("compute", "optimizer", NULL, t_opt, zt_timer_now(), NULL, 0, NULL, 0);
   st->bad_run = t->bad_run;

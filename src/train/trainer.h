@@ -60,6 +60,8 @@ typedef struct zt_step_stats {
   char nonfinite[192]; /* skipped: where the first non-finite value is, if found */
 } zt_step_stats;
 
+enum { ZT_WC_TIED = 1, ZT_WC_ALL = 2 };
+
 typedef struct zt_trainer {
   zt_train_cfg cfg;
   zt_model *model;
@@ -84,7 +86,9 @@ typedef struct zt_trainer {
   /* tied embedding over pipeline ends: 1 on the first stage (it owns the
    * tensor), 2 on the last (it holds the copy m->tied_w); 0 elsewhere */
   int tied_end, tied_stale;
-  int wc_stale; /* the model's compute weights lag its fp32 ones (zt_model_sync_weights) */
+  /* the model's compute weights lag its fp32 ones (zt_model_sync_weights):
+   * 0 no, ZT_WC_TIED only a tied copy, ZT_WC_ALL all of them */
+  int wc_stale;
   int64_t tied_n;                 /* elements of this TP rank's embed.tokens */
   int *tied_counts, *tied_displs; /* what each dp rank of the first stage owns of it */
   float *tied_part;
