@@ -254,7 +254,7 @@ class _Round(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, mp):
         ctx.mp = mp
-        return x.to(mp.dtype).float()
+        return x.to(mp.dtype).to(x.dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -266,12 +266,13 @@ class _RoundWeight(torch.autograd.Function):
     master unrounded (straight through)."""
 
     @staticmethod
-    def forward(ctx, w, dtype):
-        return w.to(dtype).float()
+    def forward(ctx, w, mp):
+        ctx.master = w.dtype
+        return w.to(mp.dtype).to(mp.compute)
 
     @staticmethod
     def backward(ctx, g):
-        return g, None
+        return g.to(ctx.master), None
 
 
 def _matmul(a, b, split: bool):
@@ -315,7 +316,7 @@ class _Attention16(torch.autograd.Function):
         scores = _matmul(q, k.transpose(-2, -1), mp.split) * scale
         future = torch.ones(T, T, dtype=torch.bool).triu(1)
         p = scores.masked_fill(future, float("-inf")).softmax(-1)
-        o = _matmul(p, v, mp.split).to(mp.dtype).float()
+        o = _matmul(p, v, mp.split).to(mp.dtype).to(q.dtype)
         ctx.mp, ctx.scale = mp, scale
         ctx.save_for_backward(q, k, v, p, o)
         return o
@@ -338,20 +339,26 @@ class MixedPrecision:
 
     split_gemms and reverse_micro_batches change only reduction orders (every
     GEMM's and attention product's reduction cut in two halves; the
-    micro-batches' weight gradients accumulated last to first): they exist
-    to measure how far two equally valid computations drift apart, which is
-    what the test's tolerance is derived from (docs/testing.md)."""
+    micro-batches' weight gradients accumulated last to first), compute =
+    float64 the precision of what happens between rounding points: they
+    exist to measure how far two equally valid computations drift apart,
+    which is what the test's tolerance is derived from (docs/testing.md)."""
 
     def __init__(self, precision: str, split_gemms: bool = False,
-                 reverse_micro_batches: bool = False):
+                 reverse_micro_batches: bool = False, compute: torch.dtype = torch.float32):
         if precision not in HALF_DTYPES:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(HALF_DTYPES)}")
         self.name = precision
         self.dtype = HALF_DTYPES[precision]
         self.split = split_gemms
         self.reverse_micro_batches = reverse_micro_batches
-        # Largest |gradient| met at a rounding point in the last backward,
-        # before rounding (for fp16: how close a step came to overflowing).
+        # What the ops compute in between rounding points: float32 as ztrain;
+        # float64 (nearly exact) only to measure what float32's own errors
+        # change. Weight gradients reach the fp32 masters as float32 either way.
+        self.compute = compute
+        # Largest finite |gradient| met at a rounding point in the last
+        # step's backward passes, before rounding (for fp16: how close a
+        # step came to overflowing, or how far past it the first overflow was).
         self.grad_max = 0.0
 
     @staticmethod
@@ -361,15 +368,17 @@ class MixedPrecision:
         return None if precision == "fp32" else MixedPrecision(precision)
 
     def round_grad(self, g):
-        m = g.abs().max().item() if g.numel() else 0.0
-        self.grad_max = max(self.grad_max, m) if m == m else math.inf
-        return g.to(self.dtype).float()
+        a = g.abs()
+        a = a[torch.isfinite(a)]
+        if a.numel():
+            self.grad_max = max(self.grad_max, a.max().item())
+        return g.to(self.dtype).to(g.dtype)
 
     def r(self, x):
         return _Round.apply(x, self)
 
     def w(self, p):
-        return _RoundWeight.apply(p, self.dtype)
+        return _RoundWeight.apply(p, self)
 
     def mm(self, x, w):
         """x @ w^T in fp32, unrounded."""
