@@ -293,7 +293,8 @@ local specs = {
     peak_gflops = { real(0, false), default = 0.0 },
     max_bad_steps = { integer(1, INT_MAX), default = 5 },
     recompute = { recompute_value, default = "none" },
-    loss_scale = { loss_scale_value, default = 1.0 },
+    loss_scale = { loss_scale_value }, -- default: "dynamic" in fp16, else 1
+    precision = { oneof("fp32", "bf16", "fp16"), default = "fp32" },
   },
   data = {
     train = { str, required = true },
@@ -494,6 +495,9 @@ function M._plan(script)
   if not s then fail(smsg) end
   plan.schedule = s
   plan.parallel.stages = partition(fail, plan.model, plan.parallel.pp, s.chunks, plan.parallel.stages)
+  if plan.train.loss_scale == nil then
+    plan.train.loss_scale = loss_scale_value(plan.train.precision == "fp16" and "dynamic" or 1.0)
+  end
   plan.train.recompute = resolve_recompute(fail, plan.train.recompute, plan.model.layers,
                                            plan.parallel.stages, plan.parallel.pp)
   local lr = plan.train.lr

@@ -26,7 +26,7 @@ static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *fro
 static int group_of(const zt_zero *z, int u) { return z->u.group ? z->u.group[u] : 0; }
 
 static float *alloc_f(zt_zero *z, int64_t n, int64_t *account) {
-  float *p = z->be->alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  float *p = z->be->alloc(ZT_MEM_DEVICE, (size_t)(n > 0 ? n : 1) * sizeof(float));
   if (p) *account += n * (int64_t)sizeof(float);
   return p;
 }
@@ -69,11 +69,14 @@ static int plan_buckets(zt_zero *z) {
 }
 
 int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
-                 zt_comm *dp, int64_t numel, const zt_zero_units *units,
+                 zt_stream *stream, zt_comm *dp, int64_t numel, const zt_zero_units *units,
                  float *w_full, float *g_full, zt_err *e) {
   memset(z, 0, sizeof *z);
   z->cfg = *cfg;
   z->be = be;
+  z->stream = stream;
+  z->w_compute = w_full;
+  z->dt = ZT_F32;
   z->dp = dp;
   z->u = *units;
   if (units->group) { /* read again at every prefetch: the engine keeps a copy */
@@ -155,15 +158,15 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
 
 void zt_zero_free(zt_zero *z) {
   if (!z->be) return;
-  z->be->free(z->m);
-  z->be->free(z->v);
-  z->be->free(z->g_shard);
-  z->be->free(z->w_shard);
+  z->be->free(ZT_MEM_DEVICE, z->m);
+  z->be->free(ZT_MEM_DEVICE, z->v);
+  z->be->free(ZT_MEM_DEVICE, z->g_shard);
+  z->be->free(ZT_MEM_DEVICE, z->w_shard);
   for (int i = 0; z->bufs && i < z->n_bufs; i++) {
-    z->be->free(z->bufs[i]);
-    z->be->free(z->recv[i]);
+    z->be->free(ZT_MEM_DEVICE, z->bufs[i]);
+    z->be->free(ZT_MEM_DEVICE, z->recv[i]);
   }
-  for (int i = 0; z->gbufs && i < z->n_gbufs; i++) z->be->free(z->gbufs[i]);
+  for (int i = 0; z->gbufs && i < z->n_gbufs; i++) z->be->free(ZT_MEM_DEVICE, z->gbufs[i]);
   for (int i = 0; z->buckets && i < z->n_buckets; i++) free(z->buckets[i].counts);
   free(z->buckets);
   free(z->bucket_of);
@@ -186,7 +189,7 @@ void zt_zero_free(zt_zero *z) {
 }
 
 void zt_zero_shard_weights(zt_zero *z) {
-  z->be->copy(z->w_shard, z->w_full + z->lo, (size_t)(z->hi - z->lo));
+  z->be->copy(z->stream, z->w_shard, z->w_full + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
   z->w_full = NULL;
 }
 
@@ -196,7 +199,7 @@ void zt_zero_shard_weights(zt_zero *z) {
 static void finish_bucket(zt_zero *z, zt_bucket *b) {
   zt_comm_wait(&b->req);
   int64_t from, n = owned(z, z->dp->rank, b->lo, b->hi, &from);
-  if (n) z->be->add(z->g_shard + (from - z->lo), z->recv[b->buf], (size_t)n);
+  if (n) z->be->add(z->stream, ZT_F32, z->g_shard + (from - z->lo), z->recv[b->buf], (size_t)n);
   z->buf_busy[b->buf] = 0;
   b->buf = -1;
   b->in_flight = 0;
@@ -234,7 +237,7 @@ static float *open_grads(zt_zero *z, int unit) {
     if (b->in_flight) finish_bucket(z, b);
     b->open = 1;
     b->buf = acquire_buffer(z);
-    z->be->zero(z->bufs[b->buf], (size_t)(b->hi - b->lo));
+    z->be->memzero(z->stream, z->bufs[b->buf], (size_t)(b->hi - b->lo) * sizeof(float));
     b->pending = 0;
     for (int u = b->last; u <= b->first; u++) b->pending += z->u.numel[u] > 0;
   }
@@ -267,7 +270,8 @@ static void start_gather(zt_zero *z, int unit) {
   int *counts = z->unit_counts + (size_t)unit * 2 * z->dp->size, *displs = counts + z->dp->size;
   int me = z->dp->rank;
   if (counts[me])
-    z->be->copy(z->gbufs[k] + displs[me], z->w_shard + (a + displs[me] - z->lo), (size_t)counts[me]);
+    z->be->copy(z->stream, z->gbufs[k] + displs[me], z->w_shard + (a + displs[me] - z->lo),
+                (size_t)counts[me] * sizeof(float));
   zt_comm_iallgather(z->dp, z->gbufs[k], counts, displs, ZT_F32, &z->unit_req[unit]);
   z->unit_gathering[unit] = 1;
 }
@@ -322,11 +326,16 @@ void zt_zero_microbatch_begin(zt_zero *z) {
   }
 }
 
-void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, float **w, float **g) {
+void zt_zero_set_compute(zt_zero *z, void *w, zt_dtype dt) {
+  z->w_compute = w;
+  z->dt = dt;
+}
+
+void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, void **w, float **g) {
   int64_t s = z->u.start[unit];
   int backward = pass != ZT_ZERO_FWD, need_g = pass == ZT_ZERO_BWD || pass == ZT_ZERO_BWD_WEIGHT;
   if (z->cfg.stage < 3) {
-    *w = z->w_full + s;
+    *w = (char *)z->w_compute + (size_t)s * zt_dtype_size(z->dt);
   } else if (pass == ZT_ZERO_BWD_WEIGHT) {
     *w = NULL; /* W needs no weights: nothing to gather */
   } else {
@@ -359,8 +368,8 @@ void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass) {
 /* ---- step -------------------------------------------------------------- */
 
 void zt_zero_grads_begin(zt_zero *z) {
-  if (z->cfg.stage < 2) z->be->zero(z->g_full, (size_t)z->numel);
-  else z->be->zero(z->g_shard, (size_t)z->S);
+  if (z->cfg.stage < 2) z->be->memzero(z->stream, z->g_full, (size_t)z->numel * sizeof(float));
+  else z->be->memzero(z->stream, z->g_shard, (size_t)z->S * sizeof(float));
 }
 
 void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
@@ -399,8 +408,8 @@ void zt_zero_params_sync(zt_zero *z) {
 
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src) {
   if (n <= 0) return;
-  if (z->cfg.stage < 2) z->be->add(z->g_full + a, src, (size_t)n);
-  else z->be->add(z->g_shard + (a - z->lo), src, (size_t)n);
+  if (z->cfg.stage < 2) z->be->add(z->stream, ZT_F32, z->g_full + a, src, (size_t)n);
+  else z->be->add(z->stream, ZT_F32, z->g_shard + (a - z->lo), src, (size_t)n);
 }
 
 const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,

@@ -53,12 +53,16 @@ typedef struct zt_bucket {
 typedef struct zt_zero {
   zt_zero_cfg cfg;
   const zt_backend *be;
+  zt_stream *stream; /* where its copies and adds run: the model's */
   zt_comm *dp;
   zt_zero_units u;
   int64_t numel, S, lo, hi; /* Ψ, shard size, this rank's range */
   int *counts, *displs;     /* shard of each dp rank */
 
   float *w_full, *g_full;   /* stage < 3 / stage < 2; owned by the model */
+  void *w_compute;          /* stage < 3: the weights the passes read (w_full,
+                               or its 16-bit copy), of dtype dt */
+  zt_dtype dt;
   float *w_shard, *g_shard; /* stage 3 / stage >= 2 */
   float *m, *v;             /* AdamW state for [lo, hi) (all of Ψ at stage 0) */
 
@@ -90,7 +94,7 @@ typedef struct zt_zero {
  * 3 the caller initialises or loads w_full, then calls zt_zero_shard_weights
  * and may free both; at stage 2 it may free g_full. */
 int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
-                 zt_comm *dp, int64_t numel, const zt_zero_units *units,
+                 zt_stream *stream, zt_comm *dp, int64_t numel, const zt_zero_units *units,
                  float *w_full, float *g_full, zt_err *e);
 void zt_zero_free(zt_zero *z);
 
@@ -113,7 +117,11 @@ typedef enum {
 
 /* Around each use of a unit; return where its weights/gradients are (NULL
  * for what the pass does not use). */
-void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, float **w, float **g);
+void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, void **w, float **g);
+
+/* Stage < 3: the passes compute with w (dtype dt), a copy of w_full kept
+ * equal to it by the caller (16-bit training); by default w_full itself. */
+void zt_zero_set_compute(zt_zero *z, void *w, zt_dtype dt);
 void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass);
 
 /* Start of a step: zero the gradients this rank accumulates. */

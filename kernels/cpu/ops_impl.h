@@ -1,10 +1,29 @@
-/* ops_impl: the CPU backend's math, written once for a generic `real`.
- * ops_f32.c instantiates it as the backend; ops_f64.c instantiates it in
- * double so that tests check these very loops against central finite
- * differences without float rounding in the way. The includer defines REAL,
- * FN(name) and GEMM (cblas_sgemm or cblas_dgemm). Plain loops with shape
- * comments, OpenMP over rows; reductions over rows (parameter gradients) are
- * split over columns instead, so no two threads write the same element. */
+/* ops_impl: the CPU backend's math, written once for a generic compute type
+ * `real` and a storage type `store`. ops_f32.c instantiates it as the
+ * backend; ops_f64.c in double so that tests check these very loops against
+ * central finite differences without float rounding in the way; ops_bf16.c
+ * and ops_f16.c hold activations and compute weights in 16 bits and compute
+ * in float (mixed precision).
+ *
+ * The includer defines REAL, FN(name) and GEMM (cblas_sgemm's arguments, on
+ * real), and for a 16-bit build also STORE (uint16_t) with LD(x) (store ->
+ * real, exact), ST(v) (real -> store, round to nearest even) and LD_N/ST_N,
+ * their array versions. Without STORE, store is real and LD/ST are the
+ * identity, so the f32 and f64 builds compile to what they were before
+ * storage had a type of its own.
+ *
+ * What is store and what stays real (kernels.h's contract): activations,
+ * the weights an op reads and input gradients are store; norm statistics,
+ * attention's lse, losses, cross-entropy stats and every parameter gradient
+ * an op accumulates are real. A 16-bit value is read once into real,
+ * computed on as the f32 build does and rounded once when written, so each
+ * elementwise result is the f32 build's result on the same inputs rounded
+ * once; an input gradient accumulated (+=) is widened, added in real and
+ * rounded once.
+ *
+ * Plain loops with shape comments, OpenMP over rows; reductions over rows
+ * (parameter gradients) are split over columns instead, so no two threads
+ * write the same element. */
 #include <cblas.h>
 #include <tgmath.h>
 #include <omp.h>
@@ -15,10 +34,17 @@
 #include <string.h>
 
 typedef REAL real;
+#ifdef STORE
+typedef STORE store;
+#else
+typedef REAL store;
+#define LD(x) (x)
+#define ST(v) (v)
+#endif
 
 /* EXP and TANH come from the includer: libm in the double build (the
  * reference the gradient checks need), zt_expf/zt_tanhf below in the float
- * build. libm's scalar expf/tanhf were a third of a small model's step;
+ * builds. libm's scalar expf/tanhf were a third of a small model's step;
  * these vectorise. */
 #ifndef ZT_FAST_MATH_DEFINED
 #define ZT_FAST_MATH_DEFINED
@@ -45,12 +71,158 @@ static inline float zt_expf(float x) {
 static inline float zt_tanhf(float x) { return 1.0f - 2.0f / (zt_expf(2.0f * x) + 1.0f); }
 #endif
 
-void FN(gemm)(int ta, int tb, int m, int n, int k, real alpha, const real *a,
-              int lda, const real *b, int ldb, real beta, real *c, int ldc) {
-  GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-       tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-       ldc);
+/* GEMM on real operands: attention's tiles, and everything in the builds
+ * whose store is real. */
+static inline void FN(rgemm)(int ta, int tb, int m, int n, int k, real alpha, const real *a,
+                             int lda, const real *b, int ldb, real beta, real *c, int ldc) {
+  GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+       alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+#ifndef STORE
+void FN(gemm)(int ta, int tb, int m, int n, int k, real alpha, const store *a,
+              int lda, const store *b, int ldb, real beta, store *c, int ldc) {
+  FN(rgemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* C is real like everything else here: the same call as gemm. */
+void FN(gemm_acc)(int ta, int tb, int m, int n, int k, real alpha, const store *a,
+                  int lda, const store *b, int ldb, real beta, real *c, int ldc) {
+  FN(rgemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#else
+/* 16-bit operands into real and back: dst[rows, cols] (dense) from src
+ * (row stride ld), and the reverse. par: split the rows over threads (a
+ * nested region inside attention's would run on one thread anyway). */
+static void FN(widen)(real *dst, const store *src, size_t ld, int rows, int cols, int par) {
+#pragma omp parallel for if (par)
+  for (int r = 0; r < rows; r++) LD_N(dst + (size_t)r * cols, src + (size_t)r * ld, (size_t)cols);
+}
+
+static void FN(narrow)(store *dst, size_t ld, const real *src, int rows, int cols, int par) {
+#pragma omp parallel for if (par)
+  for (int r = 0; r < rows; r++) ST_N(dst + (size_t)r * ld, src + (size_t)r * cols, (size_t)cols);
+}
+
+/* The 16-bit GEMMs' scratch: one buffer per thread, grown as needed and
+ * kept between calls (a GPT-2 panel is megabytes, and fresh pages on every
+ * call cost their faults every call), freed when its thread ends. */
+#include <threads.h>
+typedef struct { real *p; size_t n; } FN(scratch_t);
+static tss_t FN(scratch_key);
+static once_flag FN(scratch_once) = ONCE_FLAG_INIT;
+
+static void FN(scratch_free)(void *s) {
+  if (s) free(((FN(scratch_t) *)s)->p);
+  free(s);
+}
+
+static void FN(scratch_init)(void) {
+  if (tss_create(&FN(scratch_key), FN(scratch_free)) != thrd_success) {
+    fprintf(stderr, "ztrain: no thread-specific key for the GEMM scratch\n");
+    abort();
+  }
+}
+
+/* n reals, 64-byte aligned, this thread's. The ops have no error path, and
+ * a failure to find that much is no state to train on. */
+static real *FN(gemm_scratch)(size_t n) {
+  call_once(&FN(scratch_once), FN(scratch_init));
+  FN(scratch_t) *s = tss_get(FN(scratch_key));
+  if (!s && (!(s = calloc(1, sizeof *s)) || tss_set(FN(scratch_key), s) != thrd_success)) {
+    fprintf(stderr, "ztrain: no memory for the GEMM scratch\n");
+    abort();
+  }
+  if (s->n < n) {
+    free(s->p);
+    size_t bytes = (n * sizeof(real) + 63) / 64 * 64;
+    if (!(s->p = aligned_alloc(64, bytes))) {
+      fprintf(stderr, "ztrain: no memory for the GEMM scratch (%zu bytes)\n", bytes);
+      abort();
+    }
+    s->n = n;
+  }
+  return s->p;
+}
+
+/* Scratch budget of one 16-bit GEMM, in reals (128 MiB): within it, the
+ * whole of A, B and (for a 16-bit C) C is widened and one float GEMM does
+ * the product, the same call on the same values as the float build's, so
+ * the result is its result rounded once, bit for bit. Every GEMM of a
+ * GPT-2 124M block at 4 x 1024 rows fits (18M reals at the most, the
+ * MLP's). Beyond it, op(B)'s columns go in blocks of up to half of it and
+ * op(A)'s rows with C's in blocks of the rest; each block's GEMM still
+ * sums over all of k in float, but the BLAS may group the sums otherwise
+ * for a block than for the whole (oneDNN does), so the last bits may
+ * differ from the float build's there. */
+#ifndef GEMM16_SCRATCH
+#define GEMM16_SCRATCH ((size_t)32 << 20)
+#endif
+#ifndef GEMM16_PAR
+#define GEMM16_PAR 16384 /* elements from which conversions use every thread */
+/* How many of `whole` rows (or columns) of `per` reals fit in `budget`:
+ * all, or a multiple of 64, at least 64. */
+static inline int zt_gemm16_block(size_t budget, size_t per, int whole) {
+  size_t b = budget / (per ? per : 1);
+  return b >= (size_t)whole ? whole : b < 64 ? 64 : (int)(b / 64 * 64);
+}
+#endif
+
+/* C = alpha op(A) op(B) + beta C on 16-bit A and B, into a 16-bit c16 or a
+ * real c32: A and B are widened (exactly) into scratch, the real GEMM
+ * multiplies them (a product of 16-bit values is exact in float, and the
+ * sums are float's: a GPU's 16-bit GEMM with float accumulation), and a
+ * 16-bit C is rounded once at the end (widened first when beta != 0). */
+static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const store *a,
+                          int lda, const store *b, int ldb, real beta, store *c16, real *c32,
+                          int ldc) {
+  if (m <= 0 || n <= 0) return;
+  size_t K = (size_t)(k > 0 ? k : 0);
+  int nb = zt_gemm16_block(GEMM16_SCRATCH / 2, K, n);
+  if (K * n + (size_t)m * (K + (c16 ? n : 0)) <= GEMM16_SCRATCH) nb = n; /* all in one */
+  size_t per_row = K + (c16 ? (size_t)nb : 0);
+  size_t rest = GEMM16_SCRATCH > K * nb ? GEMM16_SCRATCH - K * nb : 0;
+  int mb = zt_gemm16_block(rest, per_row, m);
+  real *B = FN(gemm_scratch)(K * nb + (size_t)mb * per_row);
+  real *A = B + K * nb, *C = A + (size_t)mb * K;
+  for (int j0 = 0; j0 < n; j0 += nb) {
+    int nj = n - j0 < nb ? n - j0 : nb;
+    int par = (size_t)nj * K >= GEMM16_PAR, ldbw = tb ? (k > 1 ? k : 1) : nj;
+    /* op(B)[k, nj]: stored [n, k] when transposed, else [k, n] */
+    if (tb) FN(widen)(B, b + (size_t)j0 * ldb, (size_t)ldb, nj, k, par);
+    else FN(widen)(B, b + j0, (size_t)ldb, k, nj, par);
+    for (int i0 = 0; i0 < m; i0 += mb) {
+      int mi = m - i0 < mb ? m - i0 : mb, ldaw = ta ? mi : (k > 1 ? k : 1);
+      par = (size_t)mi * K >= GEMM16_PAR;
+      /* op(A)[mi, k]: stored [k, m] when transposed, else [m, k] */
+      if (ta) FN(widen)(A, a + i0, (size_t)lda, k, mi, par);
+      else FN(widen)(A, a + (size_t)i0 * lda, (size_t)lda, mi, k, par);
+      size_t c0 = (size_t)i0 * ldc + j0;
+      if (c32) {
+        FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, c32 + c0, ldc);
+        continue;
+      }
+      par = (size_t)mi * nj >= GEMM16_PAR;
+      /* k = 0 too: oneDNN then leaves C as it was where OpenBLAS scales
+       * it by beta; whatever the float GEMM does to C, it does here */
+      if (beta != 0 || k <= 0) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
+      FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, C, nj);
+      FN(narrow)(c16 + c0, (size_t)ldc, C, mi, nj, par);
+    }
+  }
+}
+
+void FN(gemm)(int ta, int tb, int m, int n, int k, real alpha, const store *a, int lda,
+              const store *b, int ldb, real beta, store *c, int ldc) {
+  FN(gemm_wide)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, NULL, ldc);
+}
+
+/* The weight gradient: 16-bit operands, accumulated into a real C. */
+void FN(gemm_acc)(int ta, int tb, int m, int n, int k, real alpha, const store *a, int lda,
+                  const store *b, int ldb, real beta, real *c, int ldc) {
+  FN(gemm_wide)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, NULL, c, ldc);
+}
+#endif
 
 /* Runs body(c0, c1) on disjoint column ranges, one per thread. */
 #define ZT_COLUMN_SPLIT(C, ...)                                   \
@@ -66,196 +238,261 @@ void FN(gemm)(int ta, int tb, int m, int n, int k, real alpha, const real *a,
  * another shard: its row is 0 here (plus the position), and the caller's sum
  * over shards adds exactly one token row, so the result is bit-identical to
  * the whole-table lookup. */
-void FN(embed_fwd)(real *out, const int32_t *tok, const real *wte,
-                   const real *wpe, int B, int T, int C, int v0, int Vl) {
+void FN(embed_fwd)(store *out, const int32_t *tok, const store *wte,
+                   const store *wpe, int B, int T, int C, int v0, int Vl) {
   /* out[B*T, C] */
 #pragma omp parallel for
   for (int n = 0; n < B * T; n++) {
     int v = tok[n] - v0;
-    const real *e = v >= 0 && v < Vl ? wte + (size_t)v * C : NULL;
-    const real *p = wpe ? wpe + (size_t)(n % T) * C : NULL;
-    real *o = out + (size_t)n * C;
+    const store *e = v >= 0 && v < Vl ? wte + (size_t)v * C : NULL;
+    const store *p = wpe ? wpe + (size_t)(n % T) * C : NULL;
+    store *o = out + (size_t)n * C;
     if (e && p)
-      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+      for (int c = 0; c < C; c++) o[c] = ST(LD(e[c]) + LD(p[c]));
     else if (e || p)
-      memcpy(o, e ? e : p, sizeof(real) * C);
+      memcpy(o, e ? e : p, sizeof(store) * C);
     else
-      memset(o, 0, sizeof(real) * C);
+      memset(o, 0, sizeof(store) * C);
   }
 }
 
 void FN(embed_bwd)(real *dwte, real *dwpe, const int32_t *tok,
-                   const real *dout, int B, int T, int C, int v0, int Vl) {
+                   const store *dout, int B, int T, int C, int v0, int Vl) {
   ZT_COLUMN_SPLIT(C, {
     for (int n = 0; n < B * T; n++) {
-      const real *d = dout + (size_t)n * C;
+      const store *d = dout + (size_t)n * C;
       int v = tok[n] - v0;
       if (v >= 0 && v < Vl) {
         real *e = dwte + (size_t)v * C;
-        for (int c = c0; c < c1; c++) e[c] += d[c];
+        for (int c = c0; c < c1; c++) e[c] += LD(d[c]);
       }
       if (dwpe) {
         real *p = dwpe + (size_t)(n % T) * C;
-        for (int c = c0; c < c1; c++) p[c] += d[c];
+        for (int c = c0; c < c1; c++) p[c] += LD(d[c]);
       }
     }
   })
 }
 
-void FN(layernorm_fwd)(real *out, real *mean, real *rstd, const real *x,
-                       const real *w, const real *b, int N, int C, real eps) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *xr = x + (size_t)n * C;
-    real *o = out + (size_t)n * C;
-    real m = 0, v = 0;
+/* Sums along a row run on real rows in every build: a vectorised sum over
+ * 16-bit loads groups its partial sums otherwise (another vector length)
+ * than the same sum over floats, and the 16-bit builds' statistics are to
+ * be the float build's bits on the same values. FN(rows)(k, C) gives a
+ * thread k rows of C reals (none where store is real); FN(row)(buf, i, x,
+ * C) is row x as real: x itself where store is real, else x widened into
+ * row i of buf. */
+#ifdef STORE
+static real *FN(rows)(int k, int C) {
+  real *p = malloc(sizeof(real) * (size_t)k * (size_t)(C > 0 ? C : 1));
+  if (!p) {
+    fprintf(stderr, "ztrain: no memory for %d rows of %d reals\n", k, C);
+    abort();
+  }
+  return p;
+}
+static inline const real *FN(row)(real *buf, int i, const store *x, int C) {
+  real *r = buf + (size_t)i * C;
+  LD_N(r, x, (size_t)C);
+  return r;
+}
+#else
+static real *FN(rows)(int k, int C) {
+  (void)k, (void)C;
+  return NULL;
+}
+static inline const real *FN(row)(real *buf, int i, const store *x, int C) {
+  (void)buf, (void)i, (void)C;
+  return x;
+}
+#endif
+
+void FN(layernorm_fwd)(store *out, real *mean, real *rstd, const store *x,
+                       const store *w, const store *b, int N, int C, real eps) {
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, C);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *xr = FN(row)(buf, 0, x + (size_t)n * C, C);
+      store *o = out + (size_t)n * C;
+      real m = 0, v = 0;
 #pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; c++) m += xr[c];
-    m /= C;
+      for (int c = 0; c < C; c++) m += xr[c];
+      m /= C;
 #pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
-    v /= C;
-    real s = 1 / sqrt(v + eps);
-    for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * w[c] + b[c];
-    mean[n] = m;
-    rstd[n] = s;
+      for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+      v /= C;
+      real s = 1 / sqrt(v + eps);
+      for (int c = 0; c < C; c++) o[c] = ST((xr[c] - m) * s * LD(w[c]) + LD(b[c]));
+      mean[n] = m;
+      rstd[n] = s;
+    }
+    free(buf);
   }
 }
 
-void FN(layernorm_bwd)(real *dx, real *dw, real *db, const real *dout,
-                       const real *x, const real *w, const real *mean,
+void FN(layernorm_bwd)(store *dx, real *dw, real *db, const store *dout,
+                       const store *x, const store *w, const real *mean,
                        const real *rstd, int N, int C) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
-    real m = mean[n], s = rstd[n];
-    real g_mean = 0, g_norm_mean = 0; /* mean(dout*w), mean(dout*w*xhat) */
+  real *wbuf = FN(rows)(1, C);
+  const real *wr = FN(row)(wbuf, 0, w, C);
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(2, C);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *d = FN(row)(buf, 0, dout + (size_t)n * C, C);
+      const real *xr = FN(row)(buf, 1, x + (size_t)n * C, C);
+      real m = mean[n], s = rstd[n];
+      real g_mean = 0, g_norm_mean = 0; /* mean(dout*w), mean(dout*w*xhat) */
 #pragma omp simd reduction(+ : g_mean, g_norm_mean)
-    for (int c = 0; c < C; c++) {
-      real g = d[c] * w[c];
-      g_mean += g;
-      g_norm_mean += g * (xr[c] - m) * s;
+      for (int c = 0; c < C; c++) {
+        real g = d[c] * wr[c];
+        g_mean += g;
+        g_norm_mean += g * (xr[c] - m) * s;
+      }
+      g_mean /= C;
+      g_norm_mean /= C;
+      store *dxr = dx + (size_t)n * C;
+      for (int c = 0; c < C; c++) {
+        real xhat = (xr[c] - m) * s;
+        dxr[c] = ST(LD(dxr[c]) + (d[c] * wr[c] - g_mean - xhat * g_norm_mean) * s);
+      }
     }
-    g_mean /= C;
-    g_norm_mean /= C;
-    real *dxr = dx + (size_t)n * C;
-    for (int c = 0; c < C; c++) {
-      real xhat = (xr[c] - m) * s;
-      dxr[c] += (d[c] * w[c] - g_mean - xhat * g_norm_mean) * s;
-    }
+    free(buf);
   }
+  free(wbuf);
   ZT_COLUMN_SPLIT(C, {
     for (int n = 0; n < N; n++) {
-      const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
+      const store *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
       real m = mean[n], s = rstd[n];
       for (int c = c0; c < c1; c++) {
-        dw[c] += d[c] * (xr[c] - m) * s;
-        db[c] += d[c];
+        dw[c] += LD(d[c]) * (LD(xr[c]) - m) * s;
+        db[c] += LD(d[c]);
       }
     }
   })
 }
 
-void FN(rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *w,
+void FN(rmsnorm_fwd)(store *out, real *rstd, const store *x, const store *w,
                      int N, int C, real eps) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *xr = x + (size_t)n * C;
-    real *o = out + (size_t)n * C;
-    real ss = 0;
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, C);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *xr = FN(row)(buf, 0, x + (size_t)n * C, C);
+      store *o = out + (size_t)n * C;
+      real ss = 0;
 #pragma omp simd reduction(+ : ss)
-    for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
-    real s = 1 / sqrt(ss / C + eps);
-    for (int c = 0; c < C; c++) o[c] = xr[c] * s * w[c];
-    rstd[n] = s;
+      for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
+      real s = 1 / sqrt(ss / C + eps);
+      for (int c = 0; c < C; c++) o[c] = ST(xr[c] * s * LD(w[c]));
+      rstd[n] = s;
+    }
+    free(buf);
   }
 }
 
-void FN(rmsnorm_bwd)(real *dx, real *dw, const real *dout, const real *x,
-                     const real *w, const real *rstd, int N, int C) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
-    real s = rstd[n], dot = 0; /* dot = sum(dout*w*x) */
+void FN(rmsnorm_bwd)(store *dx, real *dw, const store *dout, const store *x,
+                     const store *w, const real *rstd, int N, int C) {
+  real *wbuf = FN(rows)(1, C);
+  const real *wr = FN(row)(wbuf, 0, w, C);
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(2, C);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *d = FN(row)(buf, 0, dout + (size_t)n * C, C);
+      const real *xr = FN(row)(buf, 1, x + (size_t)n * C, C);
+      real s = rstd[n], dot = 0; /* dot = sum(dout*w*x) */
 #pragma omp simd reduction(+ : dot)
-    for (int c = 0; c < C; c++) dot += d[c] * w[c] * xr[c];
-    real k = dot * s * s / C;
-    real *dxr = dx + (size_t)n * C;
-    for (int c = 0; c < C; c++) dxr[c] += s * (d[c] * w[c] - xr[c] * k);
+      for (int c = 0; c < C; c++) dot += d[c] * wr[c] * xr[c];
+      real k = dot * s * s / C;
+      store *dxr = dx + (size_t)n * C;
+      for (int c = 0; c < C; c++) dxr[c] = ST(LD(dxr[c]) + s * (d[c] * wr[c] - xr[c] * k));
+    }
+    free(buf);
   }
+  free(wbuf);
   ZT_COLUMN_SPLIT(C, {
     for (int n = 0; n < N; n++) {
-      const real *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
+      const store *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
       real s = rstd[n];
-      for (int c = c0; c < c1; c++) dw[c] += d[c] * xr[c] * s;
+      for (int c = c0; c < c1; c++) dw[c] += LD(d[c]) * LD(xr[c]) * s;
     }
   })
 }
 
-void FN(bias_fwd)(real *y, const real *b, int N, int C) {
+void FN(bias_fwd)(store *y, const store *b, int N, int C) {
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
-    real *yr = y + (size_t)n * C;
-    for (int c = 0; c < C; c++) yr[c] += b[c];
+    store *yr = y + (size_t)n * C;
+    for (int c = 0; c < C; c++) yr[c] = ST(LD(yr[c]) + LD(b[c]));
   }
 }
 
-void FN(bias_bwd)(real *db, const real *dy, int N, int C) {
+void FN(bias_bwd)(real *db, const store *dy, int N, int C) {
   ZT_COLUMN_SPLIT(C, {
     for (int n = 0; n < N; n++) {
-      const real *d = dy + (size_t)n * C;
-      for (int c = c0; c < c1; c++) db[c] += d[c];
+      const store *d = dy + (size_t)n * C;
+      for (int c = c0; c < c1; c++) db[c] += LD(d[c]);
     }
   })
 }
 
 #define GELU_K ((real)0.7978845608028654) /* sqrt(2/pi) */
 
-void FN(gelu_fwd)(real *y, const real *x, size_t n) {
+void FN(gelu_fwd)(store *y, const store *x, size_t n) {
 #pragma omp parallel for
   for (size_t i = 0; i < n; i++) {
-    real v = x[i];
-    y[i] = (real)0.5 * v * (1 + TANH(GELU_K * (v + (real)0.044715 * v * v * v)));
+    real v = LD(x[i]);
+    y[i] = ST((real)0.5 * v * (1 + TANH(GELU_K * (v + (real)0.044715 * v * v * v))));
   }
 }
 
-void FN(gelu_bwd)(real *dx, const real *x, const real *dy, size_t n) {
+void FN(gelu_bwd)(store *dx, const store *x, const store *dy, size_t n) {
 #pragma omp parallel for
   for (size_t i = 0; i < n; i++) {
-    real v = x[i];
+    real v = LD(x[i]);
     real u = GELU_K * (v + (real)0.044715 * v * v * v);
     real t = TANH(u);
     real du = GELU_K * (1 + 3 * (real)0.044715 * v * v);
-    dx[i] = dy[i] * ((real)0.5 * (1 + t) + (real)0.5 * v * (1 - t * t) * du);
+    dx[i] = ST(LD(dy[i]) * ((real)0.5 * (1 + t) + (real)0.5 * v * (1 - t * t) * du));
   }
 }
 
-void FN(swiglu_fwd)(real *h, const real *gu, int N, int F) {
+void FN(swiglu_fwd)(store *h, const store *gu, int N, int F) {
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
-    const real *g = gu + (size_t)n * 2 * F, *u = g + F;
-    real *hr = h + (size_t)n * F;
-    for (int f = 0; f < F; f++) hr[f] = g[f] / (1 + EXP(-g[f])) * u[f];
-  }
-}
-
-void FN(swiglu_bwd)(real *dgu, const real *gu, const real *dh, int N, int F) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *g = gu + (size_t)n * 2 * F, *u = g + F;
-    const real *d = dh + (size_t)n * F;
-    real *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+    const store *g = gu + (size_t)n * 2 * F, *u = g + F;
+    store *hr = h + (size_t)n * F;
     for (int f = 0; f < F; f++) {
-      real sig = 1 / (1 + EXP(-g[f]));
-      du[f] = d[f] * g[f] * sig;
-      dg[f] = d[f] * u[f] * sig * (1 + g[f] * (1 - sig));
+      real gf = LD(g[f]);
+      hr[f] = ST(gf / (1 + EXP(-gf)) * LD(u[f]));
+    }
+  }
+}
+
+void FN(swiglu_bwd)(store *dgu, const store *gu, const store *dh, int N, int F) {
+#pragma omp parallel for
+  for (int n = 0; n < N; n++) {
+    const store *g = gu + (size_t)n * 2 * F, *u = g + F;
+    const store *d = dh + (size_t)n * F;
+    store *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+    for (int f = 0; f < F; f++) {
+      real gf = LD(g[f]), df = LD(d[f]);
+      real sig = 1 / (1 + EXP(-gf));
+      du[f] = ST(df * gf * sig);
+      dg[f] = ST(df * LD(u[f]) * sig * (1 + gf * (1 - sig)));
     }
   }
 }
 
 /* Rotates pairs (i, i + hd/2) of each of the first nh heads by +angle
- * (dir = 1) or -angle (dir = -1, the transpose, for backward). */
-static void FN(rope_apply)(real *x, const real *cs, int N, int T, int nh,
+ * (dir = 1) or -angle (dir = -1, the transpose, for backward). The cos and
+ * sin tables stay real: the model computes them, no activation. */
+static void FN(rope_apply)(store *x, const real *cs, int N, int T, int nh,
                            int hd, int rs, real dir) {
   int half = hd / 2;
   const real *cosv = cs, *sinv = cs + (size_t)T * half;
@@ -264,21 +501,21 @@ static void FN(rope_apply)(real *x, const real *cs, int N, int T, int nh,
     const real *co = cosv + (size_t)(n % T) * half;
     const real *si = sinv + (size_t)(n % T) * half;
     for (int h = 0; h < nh; h++) {
-      real *a = x + (size_t)n * rs + (size_t)h * hd, *b = a + half;
+      store *a = x + (size_t)n * rs + (size_t)h * hd, *b = a + half;
       for (int i = 0; i < half; i++) {
-        real s = dir * si[i], x0 = a[i], x1 = b[i];
-        a[i] = x0 * co[i] - x1 * s;
-        b[i] = x1 * co[i] + x0 * s;
+        real s = dir * si[i], x0 = LD(a[i]), x1 = LD(b[i]);
+        a[i] = ST(x0 * co[i] - x1 * s);
+        b[i] = ST(x1 * co[i] + x0 * s);
       }
     }
   }
 }
 
-void FN(rope_fwd)(real *x, const real *cs, int N, int T, int nh, int hd, int rs) {
+void FN(rope_fwd)(store *x, const real *cs, int N, int T, int nh, int hd, int rs) {
   FN(rope_apply)(x, cs, N, T, nh, hd, rs, 1);
 }
 
-void FN(rope_bwd)(real *dx, const real *cs, int N, int T, int nh, int hd, int rs) {
+void FN(rope_bwd)(store *dx, const real *cs, int N, int T, int nh, int hd, int rs) {
   FN(rope_apply)(dx, cs, N, T, nh, hd, rs, -1);
 }
 
@@ -287,7 +524,9 @@ void FN(rope_bwd)(real *dx, const real *cs, int N, int T, int nh, int hd, int rs
  * of one pair of tiles at a time in a per-thread scratch. Tiles above the
  * diagonal are never computed; the diagonal ones are masked (key j > query
  * i is the future). BLAS calls inside the parallel regions run
- * single-threaded (OpenBLAS/OpenMP). */
+ * single-threaded (OpenBLAS/OpenMP). The tile loops work on real; the
+ * 16-bit builds widen a head's q, k and v into real scratch first and
+ * round its outputs once at the end. */
 #ifndef ATTN_BR
 #define ATTN_BR 64
 #define ATTN_BC 256
@@ -300,10 +539,11 @@ static inline int zt_attn_seen(int i, int j0, int kb) {
 #endif
 
 /* nt blocks of `per` reals, 64-byte aligned, one per thread: the tiles'
- * scratch, a few hundred KB in all. The ops have no error path, and a
- * failure to find that much is no state to train on. */
-static real *FN(attn_scratch)(size_t per, int *stride) {
-  *stride = (int)((per + 15) / 16 * 16);
+ * scratch, a few hundred KB in all (plus a head's rows in the 16-bit
+ * builds). The ops have no error path, and a failure to find that much is
+ * no state to train on. */
+static real *FN(attn_scratch)(size_t per, size_t *stride) {
+  *stride = (per + 15) / 16 * 16;
   size_t bytes = (size_t)omp_get_max_threads() * *stride * sizeof(real);
   real *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (!p) {
@@ -313,16 +553,54 @@ static real *FN(attn_scratch)(size_t per, int *stride) {
   return p;
 }
 
-/* Online softmax: each query tile keeps its rows' running max m and sum l
- * and rescales its output rows (in `out` itself) when m grows; at the end
- * out /= l and lse = m + log l. Tasks are (query tile, sample, head), the
- * longest rows (last tiles) first, since the causal triangle makes them
- * the most work. */
-void FN(attn_fwd)(real *out, real *lse, const real *qkv, int B, int T, int H, int KVH,
+/* One query tile, rows [i0, i0 + br) of one head, against its keys
+ * [0, i0 + br): O[br, hd] (row stride os) and the rows' lse L[br]. Q (the
+ * tile's first row), K and V (row 0) have row stride qs. Online softmax:
+ * the tile keeps its rows' running max m and sum l and rescales its output
+ * rows (in O itself) when m grows; at the end O /= l and lse = m + log l.
+ * P, m, l: the thread's scratch. */
+static void FN(attn_fwd_tile)(real *O, int os, real *L, const real *Q, const real *K,
+                              const real *V, int qs, int i0, int br, int hd, real scale,
+                              real *P, real *m, real *l) {
+  for (int j0 = 0; j0 < i0 + br; j0 += ATTN_BC) {
+    int kb = i0 + br - j0 < ATTN_BC ? i0 + br - j0 : ATTN_BC;
+    /* P[br,kb] = scale * Q K^T, then the online softmax by row */
+    FN(rgemm)(0, 1, br, kb, hd, scale, Q, qs, K + (size_t)j0 * qs, qs, 0, P, ATTN_BC);
+    for (int r = 0; r < br; r++) {
+      int n = zt_attn_seen(i0 + r, j0, kb);
+      real *p = P + (size_t)r * ATTN_BC, mx = -INFINITY, sum = 0;
+#pragma omp simd reduction(max : mx)
+      for (int j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+      real mnew = j0 && m[r] > mx ? m[r] : mx;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < n; j++) sum += (p[j] = EXP(p[j] - mnew));
+      for (int j = n; j < kb; j++) p[j] = 0;
+      if (!j0) {
+        m[r] = mnew, l[r] = sum;
+      } else if (n) { /* n = 0: nothing seen here, nothing changes */
+        real alpha = EXP(m[r] - mnew), *o = O + (size_t)r * os;
+        for (int d = 0; d < hd; d++) o[d] *= alpha;
+        m[r] = mnew, l[r] = alpha * l[r] + sum;
+      }
+    }
+    /* O[br,hd] (+)= P[br,kb] V[kb,hd] */
+    FN(rgemm)(0, 0, br, hd, kb, 1, P, ATTN_BC, V + (size_t)j0 * qs, qs, j0 ? 1 : 0, O, os);
+  }
+  for (int r = 0; r < br; r++) {
+    real *o = O + (size_t)r * os;
+    for (int d = 0; d < hd; d++) o[d] /= l[r];
+    L[r] = m[r] + log(l[r]);
+  }
+}
+
+#ifndef STORE
+/* Tasks are (query tile, sample, head), the longest rows (last tiles)
+ * first, since the causal triangle makes them the most work. */
+void FN(attn_fwd)(store *out, real *lse, const store *qkv, int B, int T, int H, int KVH,
                   int hd) {
   int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd, nq = (T + ATTN_BR - 1) / ATTN_BR;
   real scale = 1 / sqrt((real)hd);
-  int stride;
+  size_t stride;
   real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 2 * ATTN_BR, &stride);
 #pragma omp parallel
   {
@@ -334,68 +612,142 @@ void FN(attn_fwd)(real *out, real *lse, const real *qkv, int B, int T, int H, in
         for (int h = 0; h < H; h++) {
           int i0 = (nq - 1 - t) * ATTN_BR, br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
           const real *base = qkv + (size_t)b * T * rs;
-          const real *Q = base + (size_t)i0 * rs + (size_t)h * hd;
-          const real *K = base + (size_t)(H + h / G) * hd;
-          const real *V = base + (size_t)(H + KVH + h / G) * hd;
-          real *O = out + ((size_t)b * T + i0) * os + (size_t)h * hd;
-          for (int j0 = 0; j0 < i0 + br; j0 += ATTN_BC) {
-            int kb = i0 + br - j0 < ATTN_BC ? i0 + br - j0 : ATTN_BC;
-            /* P[br,kb] = scale * Q K^T, then the online softmax by row */
-            FN(gemm)(0, 1, br, kb, hd, scale, Q, rs, K + (size_t)j0 * rs, rs, 0, P, ATTN_BC);
-            for (int r = 0; r < br; r++) {
-              int n = zt_attn_seen(i0 + r, j0, kb);
-              real *p = P + (size_t)r * ATTN_BC, mx = -INFINITY, sum = 0;
-#pragma omp simd reduction(max : mx)
-              for (int j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
-              real mnew = j0 && m[r] > mx ? m[r] : mx;
-#pragma omp simd reduction(+ : sum)
-              for (int j = 0; j < n; j++) sum += (p[j] = EXP(p[j] - mnew));
-              for (int j = n; j < kb; j++) p[j] = 0;
-              if (!j0) {
-                m[r] = mnew, l[r] = sum;
-              } else if (n) { /* n = 0: nothing seen here, nothing changes */
-                real alpha = EXP(m[r] - mnew), *o = O + (size_t)r * os;
-                for (int d = 0; d < hd; d++) o[d] *= alpha;
-                m[r] = mnew, l[r] = alpha * l[r] + sum;
-              }
-            }
-            /* O[br,hd] (+)= P[br,kb] V[kb,hd] */
-            FN(gemm)(0, 0, br, hd, kb, 1, P, ATTN_BC, V + (size_t)j0 * rs, rs, j0 ? 1 : 0, O,
-                     os);
-          }
-          real *L = lse + ((size_t)b * H + h) * T + i0;
-          for (int r = 0; r < br; r++) {
-            real *o = O + (size_t)r * os;
-            for (int d = 0; d < hd; d++) o[d] /= l[r];
-            L[r] = m[r] + log(l[r]);
-          }
+          FN(attn_fwd_tile)(out + ((size_t)b * T + i0) * os + (size_t)h * hd, os,
+                            lse + ((size_t)b * H + h) * T + i0,
+                            base + (size_t)i0 * rs + (size_t)h * hd,
+                            base + (size_t)(H + h / G) * hd,
+                            base + (size_t)(H + KVH + h / G) * hd, rs, i0, br, hd, scale, P, m,
+                            l);
         }
   }
   free(scratch);
 }
+#else
+/* Tasks are (sample, head), all the same work: each widens its head's q
+ * and its kv head's k and v ([T, hd] each) once, runs the query tiles on
+ * them and rounds its output once. */
+void FN(attn_fwd)(store *out, real *lse, const store *qkv, int B, int T, int H, int KVH,
+                  int hd) {
+  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
+  real scale = 1 / sqrt((real)hd);
+  size_t stride, Th = (size_t)T * hd;
+  real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 2 * ATTN_BR + 4 * Th, &stride);
+#pragma omp parallel
+  {
+    real *P = scratch + (size_t)omp_get_thread_num() * stride;
+    real *m = P + ATTN_BR * ATTN_BC, *l = m + ATTN_BR;
+    real *Q = l + ATTN_BR, *K = Q + Th, *V = K + Th, *O = V + Th;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++) {
+        const store *base = qkv + (size_t)b * T * rs;
+        FN(widen)(Q, base + (size_t)h * hd, (size_t)rs, T, hd, 0);
+        FN(widen)(K, base + (size_t)(H + h / G) * hd, (size_t)rs, T, hd, 0);
+        FN(widen)(V, base + (size_t)(H + KVH + h / G) * hd, (size_t)rs, T, hd, 0);
+        for (int i0 = 0; i0 < T; i0 += ATTN_BR) {
+          int br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
+          FN(attn_fwd_tile)(O + (size_t)i0 * hd, hd, lse + ((size_t)b * H + h) * T + i0,
+                            Q + (size_t)i0 * hd, K, V, hd, i0, br, hd, scale, P, m, l);
+        }
+        FN(narrow)(out + (size_t)b * T * os + (size_t)h * hd, (size_t)os, O, T, hd, 0);
+      }
+  }
+  free(scratch);
+}
+#endif
 
-/* Recomputes P = exp(scale QK^T - lse) tile by tile. One task per (sample,
- * kv head): the query heads sharing a kv head run in the same task, so
- * their dK/dV accumulation needs no atomics. With D = rowsum(dO * O)
- * (= rowsum(P * dP)): dV += P^T dO, dP = dO V^T, dS = scale P (dP - D),
- * dQ = dS K, dK += dS^T Q. */
-void FN(attn_bwd)(real *dqkv, const real *dout, const real *qkv, const real *out,
+/* One query tile, rows [i0, i0 + br) of one head: its dQ rows (=) and its
+ * share of dK and dV over keys [0, i0 + br) (+=). Recomputes P =
+ * exp(scale QK^T - lse) tile by tile; with D = rowsum(dO * O) (= rowsum(P *
+ * dP)): dV += P^T dO, dP = dO V^T, dS = scale P (dP - D), dQ = dS K,
+ * dK += dS^T Q. Row strides: qs for Q (the tile's first row), K and V (row
+ * 0); gs for dQ (the tile's), dK and dV (row 0); os for dO and O (the
+ * tile's). P, dP, D: the thread's scratch. */
+static void FN(attn_bwd_tile)(real *dQ, real *dK, real *dV, int gs, const real *Q,
+                              const real *K, const real *V, int qs, const real *dO,
+                              const real *O, int os, const real *L, int i0, int br, int hd,
+                              real scale, real *P, real *dP, real *D) {
+  for (int r = 0; r < br; r++) {
+    real dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < hd; d++) dot += dO[(size_t)r * os + d] * O[(size_t)r * os + d];
+    D[r] = dot;
+  }
+  for (int j0 = 0; j0 < i0 + br; j0 += ATTN_BC) {
+    int kb = i0 + br - j0 < ATTN_BC ? i0 + br - j0 : ATTN_BC;
+    const real *Kj = K + (size_t)j0 * qs, *Vj = V + (size_t)j0 * qs;
+    /* P[br,kb] = exp(scale * Q K^T - lse), 0 in the future */
+    FN(rgemm)(0, 1, br, kb, hd, scale, Q, qs, Kj, qs, 0, P, ATTN_BC);
+    for (int r = 0; r < br; r++) {
+      int n = zt_attn_seen(i0 + r, j0, kb);
+      real *p = P + (size_t)r * ATTN_BC;
+#pragma omp simd
+      for (int j = 0; j < n; j++) p[j] = EXP(p[j] - L[r]);
+      for (int j = n; j < kb; j++) p[j] = 0;
+    }
+    /* dV[kb,hd] += P^T dO;  dP[br,kb] = dO V^T */
+    FN(rgemm)(1, 0, kb, hd, br, 1, P, ATTN_BC, dO, os, 1, dV + (size_t)j0 * gs, gs);
+    FN(rgemm)(0, 1, br, kb, hd, 1, dO, os, Vj, qs, 0, dP, ATTN_BC);
+    for (int r = 0; r < br; r++) {
+      const real *p = P + (size_t)r * ATTN_BC;
+      real *dp = dP + (size_t)r * ATTN_BC;
+#pragma omp simd
+      for (int j = 0; j < kb; j++) dp[j] = scale * p[j] * (dp[j] - D[r]);
+    }
+    /* dQ[br,hd] (+)= dS K;  dK[kb,hd] += dS^T Q */
+    FN(rgemm)(0, 0, br, hd, kb, 1, dP, ATTN_BC, Kj, qs, j0 ? 1 : 0, dQ, gs);
+    FN(rgemm)(1, 0, kb, hd, br, 1, dP, ATTN_BC, Q, qs, 1, dK + (size_t)j0 * gs, gs);
+  }
+}
+
+/* One task per (sample, kv head): the query heads sharing a kv head run in
+ * the same task, so their dK/dV accumulation needs no atomics. The 16-bit
+ * builds widen the task's k and v and each head's q, dO and O once, keep
+ * dQ, dK and dV in real scratch and round each once at the end. */
+void FN(attn_bwd)(store *dqkv, const store *dout, const store *qkv, const store *out,
                   const real *lse, int B, int T, int H, int KVH, int hd) {
   int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
   real scale = 1 / sqrt((real)hd);
-  int stride;
-  real *scratch = FN(attn_scratch)((size_t)2 * ATTN_BR * ATTN_BC + ATTN_BR, &stride);
+  size_t stride, tiles = (size_t)2 * ATTN_BR * ATTN_BC + ATTN_BR;
+#ifdef STORE
+  size_t Th = (size_t)T * hd;
+  real *scratch = FN(attn_scratch)(tiles + 8 * Th, &stride);
+#else
+  real *scratch = FN(attn_scratch)(tiles, &stride);
+#endif
 #pragma omp parallel
   {
     real *P = scratch + (size_t)omp_get_thread_num() * stride;
     real *dP = P + ATTN_BR * ATTN_BC, *D = dP + ATTN_BR * ATTN_BC;
+#ifdef STORE
+    real *K = D + ATTN_BR, *V = K + Th, *dK = V + Th, *dV = dK + Th;
+    real *Q = dV + Th, *dO = Q + Th, *O = dO + Th, *dQ = O + Th;
+#endif
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int kh = 0; kh < KVH; kh++) {
-        const real *base = qkv + (size_t)b * T * rs;
-        real *dbase = dqkv + (size_t)b * T * rs;
-        const real *K = base + (size_t)(H + kh) * hd;
-        const real *V = base + (size_t)(H + KVH + kh) * hd;
+        const store *base = qkv + (size_t)b * T * rs;
+        store *dbase = dqkv + (size_t)b * T * rs;
+#ifdef STORE
+        FN(widen)(K, base + (size_t)(H + kh) * hd, (size_t)rs, T, hd, 0);
+        FN(widen)(V, base + (size_t)(H + KVH + kh) * hd, (size_t)rs, T, hd, 0);
+        memset(dK, 0, sizeof(real) * 2 * Th); /* dK and dV */
+        for (int h = kh * G; h < (kh + 1) * G; h++) {
+          size_t o0 = (size_t)b * T * os + (size_t)h * hd;
+          FN(widen)(Q, base + (size_t)h * hd, (size_t)rs, T, hd, 0);
+          FN(widen)(dO, dout + o0, (size_t)os, T, hd, 0);
+          FN(widen)(O, out + o0, (size_t)os, T, hd, 0);
+          for (int i0 = 0; i0 < T; i0 += ATTN_BR) {
+            size_t r0 = (size_t)i0 * hd;
+            FN(attn_bwd_tile)(dQ + r0, dK, dV, hd, Q + r0, K, V, hd, dO + r0, O + r0, hd,
+                              lse + ((size_t)b * H + h) * T + i0, i0,
+                              T - i0 < ATTN_BR ? T - i0 : ATTN_BR, hd, scale, P, dP, D);
+          }
+          FN(narrow)(dbase + (size_t)h * hd, (size_t)rs, dQ, T, hd, 0);
+        }
+        FN(narrow)(dbase + (size_t)(H + kh) * hd, (size_t)rs, dK, T, hd, 0);
+        FN(narrow)(dbase + (size_t)(H + KVH + kh) * hd, (size_t)rs, dV, T, hd, 0);
+#else
         real *dK = dbase + (size_t)(H + kh) * hd;
         real *dV = dbase + (size_t)(H + KVH + kh) * hd;
         for (int t = 0; t < T; t++) {
@@ -404,44 +756,13 @@ void FN(attn_bwd)(real *dqkv, const real *dout, const real *qkv, const real *out
         }
         for (int h = kh * G; h < (kh + 1) * G; h++)
           for (int i0 = 0; i0 < T; i0 += ATTN_BR) {
-            int br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
-            const real *Q = base + (size_t)i0 * rs + (size_t)h * hd;
-            const real *dO = dout + ((size_t)b * T + i0) * os + (size_t)h * hd;
-            const real *O = out + ((size_t)b * T + i0) * os + (size_t)h * hd;
-            const real *L = lse + ((size_t)b * H + h) * T + i0;
-            real *dQ = dbase + (size_t)i0 * rs + (size_t)h * hd;
-            for (int r = 0; r < br; r++) {
-              real dot = 0;
-#pragma omp simd reduction(+ : dot)
-              for (int d = 0; d < hd; d++) dot += dO[(size_t)r * os + d] * O[(size_t)r * os + d];
-              D[r] = dot;
-            }
-            for (int j0 = 0; j0 < i0 + br; j0 += ATTN_BC) {
-              int kb = i0 + br - j0 < ATTN_BC ? i0 + br - j0 : ATTN_BC;
-              const real *Kj = K + (size_t)j0 * rs, *Vj = V + (size_t)j0 * rs;
-              /* P[br,kb] = exp(scale * Q K^T - lse), 0 in the future */
-              FN(gemm)(0, 1, br, kb, hd, scale, Q, rs, Kj, rs, 0, P, ATTN_BC);
-              for (int r = 0; r < br; r++) {
-                int n = zt_attn_seen(i0 + r, j0, kb);
-                real *p = P + (size_t)r * ATTN_BC;
-#pragma omp simd
-                for (int j = 0; j < n; j++) p[j] = EXP(p[j] - L[r]);
-                for (int j = n; j < kb; j++) p[j] = 0;
-              }
-              /* dV[kb,hd] += P^T dO;  dP[br,kb] = dO V^T */
-              FN(gemm)(1, 0, kb, hd, br, 1, P, ATTN_BC, dO, os, 1, dV + (size_t)j0 * rs, rs);
-              FN(gemm)(0, 1, br, kb, hd, 1, dO, os, Vj, rs, 0, dP, ATTN_BC);
-              for (int r = 0; r < br; r++) {
-                const real *p = P + (size_t)r * ATTN_BC;
-                real *dp = dP + (size_t)r * ATTN_BC;
-#pragma omp simd
-                for (int j = 0; j < kb; j++) dp[j] = scale * p[j] * (dp[j] - D[r]);
-              }
-              /* dQ[br,hd] (+)= dS K;  dK[kb,hd] += dS^T Q */
-              FN(gemm)(0, 0, br, hd, kb, 1, dP, ATTN_BC, Kj, rs, j0 ? 1 : 0, dQ, rs);
-              FN(gemm)(1, 0, kb, hd, br, 1, dP, ATTN_BC, Q, rs, 1, dK + (size_t)j0 * rs, rs);
-            }
+            size_t q0 = (size_t)i0 * rs + (size_t)h * hd, o0 = ((size_t)b * T + i0) * os + (size_t)h * hd;
+            FN(attn_bwd_tile)(dbase + q0, dK, dV, rs, base + q0, base + (size_t)(H + kh) * hd,
+                              base + (size_t)(H + KVH + kh) * hd, rs, dout + o0, out + o0, os,
+                              lse + ((size_t)b * H + h) * T + i0, i0,
+                              T - i0 < ATTN_BR ? T - i0 : ATTN_BR, hd, scale, P, dP, D);
           }
+#endif
       }
   }
   free(scratch);
@@ -449,7 +770,8 @@ void FN(attn_bwd)(real *dqkv, const real *dout, const real *qkv, const real *out
 
 /* Cross-entropy, row by row. The three pieces are shared by the fused
  * kernel (one pass while the row is in cache) and the vocab-parallel one
- * (the caller reduces max and sums over shards between them). */
+ * (the caller reduces max and sums over shards between them). The sums run
+ * on real rows (FN(row)). */
 static inline real FN(row_max)(const real *l, int V) {
   real mx = l[0];
 #pragma omp simd reduction(max : mx)
@@ -457,7 +779,7 @@ static inline real FN(row_max)(const real *l, int V) {
   return mx;
 }
 
-/* V is large: sum in double even in the f32 build */
+/* V is large: sum in double even in the float builds */
 static inline double FN(row_sumexp)(const real *l, real mx, int V) {
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -466,43 +788,63 @@ static inline double FN(row_sumexp)(const real *l, real mx, int V) {
 }
 
 /* l = (softmax - onehot) * dscale; t is the target's column here, or
- * outside [0, V) when another shard holds it */
-static inline void FN(row_dlogits)(real *l, real lse, int t, int V, real dscale) {
+ * outside [0, V) when another shard holds it. The target's value is
+ * computed before the row is overwritten, so that it too is rounded once
+ * (the same floats as subtracting afterwards where store is real). */
+static inline void FN(row_dlogits)(store *l, real lse, int t, int V, real dscale) {
+  int here = t >= 0 && t < V;
+  real lt = here ? EXP(LD(l[t]) - lse) * dscale - dscale : 0;
 #pragma omp simd
-  for (int v = 0; v < V; v++) l[v] = EXP(l[v] - lse) * dscale;
-  if (t >= 0 && t < V) l[t] -= dscale;
+  for (int v = 0; v < V; v++) l[v] = ST(EXP(LD(l[v]) - lse) * dscale);
+  if (here) l[t] = ST(lt);
 }
 
-void FN(xent_fwd_bwd)(real *logits, real *loss, const int32_t *targets, int N,
+void FN(xent_fwd_bwd)(store *logits, real *loss, const int32_t *targets, int N,
                       int V, real dscale) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    real *l = logits + (size_t)n * V;
-    real mx = FN(row_max)(l, V);
-    real lse = mx + (real)log(FN(row_sumexp)(l, mx, V));
-    loss[n] = lse - l[targets[n]];
-    FN(row_dlogits)(l, lse, targets[n], V, dscale);
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, V);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      store *l = logits + (size_t)n * V;
+      const real *lr = FN(row)(buf, 0, l, V);
+      real mx = FN(row_max)(lr, V);
+      real lse = mx + (real)log(FN(row_sumexp)(lr, mx, V));
+      loss[n] = lse - lr[targets[n]];
+      FN(row_dlogits)(l, lse, targets[n], V, dscale);
+    }
+    free(buf);
   }
 }
 
 /* stats[3N] = [max | sum exp(l - max) | target logit]; see kernels.h */
-void FN(xent_max)(real *stats, const real *logits, int N, int V) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) stats[n] = FN(row_max)(logits + (size_t)n * V, V);
-}
-
-void FN(xent_sumexp)(real *stats, const real *logits, const int32_t *targets,
-                     int N, int V, int v0) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *l = logits + (size_t)n * V;
-    int t = targets[n] - v0;
-    stats[N + n] = (real)FN(row_sumexp)(l, stats[n], V);
-    stats[2 * N + n] = t >= 0 && t < V ? l[t] : 0;
+void FN(xent_max)(real *stats, const store *logits, int N, int V) {
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, V);
+#pragma omp for
+    for (int n = 0; n < N; n++) stats[n] = FN(row_max)(FN(row)(buf, 0, logits + (size_t)n * V, V), V);
+    free(buf);
   }
 }
 
-void FN(xent_finish)(real *logits, real *loss, const real *stats,
+void FN(xent_sumexp)(real *stats, const store *logits, const int32_t *targets,
+                     int N, int V, int v0) {
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, V);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *l = FN(row)(buf, 0, logits + (size_t)n * V, V);
+      int t = targets[n] - v0;
+      stats[N + n] = (real)FN(row_sumexp)(l, stats[n], V);
+      stats[2 * N + n] = t >= 0 && t < V ? l[t] : 0;
+    }
+    free(buf);
+  }
+}
+
+void FN(xent_finish)(store *logits, real *loss, const real *stats,
                      const int32_t *targets, int N, int V, int v0, real dscale) {
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
@@ -512,11 +854,12 @@ void FN(xent_finish)(real *logits, real *loss, const real *stats,
   }
 }
 
-void FN(add)(real *y, const real *x, size_t n) {
+void FN(add)(store *y, const store *x, size_t n) {
 #pragma omp parallel for
-  for (size_t i = 0; i < n; i++) y[i] += x[i];
+  for (size_t i = 0; i < n; i++) y[i] = ST(LD(y[i]) + LD(x[i]));
 }
 
+/* scale, sumsq and AdamW work on real: gradients and master weights. */
 void FN(scale)(real *x, real s, size_t n) {
 #pragma omp parallel for
   for (size_t i = 0; i < n; i++) x[i] *= s;
@@ -529,8 +872,10 @@ double FN(sumsq)(const real *x, size_t n) {
   return s;
 }
 
-size_t FN(adamw)(real *p, const real *g, real *m, real *v, size_t n,
-                 const zt_adamw_args *a) {
+/* p16, when not NULL, gets the new weights rounded to store in the same
+ * pass: the copy the model computes with. */
+size_t FN(adamw_p16)(real *p, const real *g, real *m, real *v, size_t n,
+                     const zt_adamw_args *a, store *p16) {
   /* Same order of operations as torch.optim.AdamW (single-tensor path). */
   real decay = a->decay, b1 = a->b1, c1 = a->c1, b2 = a->b2, c2 = a->c2;
   real eps = a->eps, step = a->step, bc2s = a->bc2_sqrt, gs = a->gscale;
@@ -545,6 +890,13 @@ size_t FN(adamw)(real *p, const real *g, real *m, real *v, size_t n,
     v[i] = b2 * v[i] + c2 * gi * gi;
     p[i] -= step * m[i] / (sqrt(v[i]) / bc2s + eps);
     bad += !isfinite(p[i]);
+    if (p16) p16[i] = ST(p[i]);
   }
   return bad;
+}
+
+/* kernels.h's table, until it passes p16, names this one: no 16-bit copy. */
+size_t FN(adamw)(real *p, const real *g, real *m, real *v, size_t n,
+                 const zt_adamw_args *a) {
+  return FN(adamw_p16)(p, g, m, v, n, a, NULL);
 }

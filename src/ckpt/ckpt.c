@@ -27,8 +27,6 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-const char *const zt_ckpti_groups[3] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
-
 uint64_t zt_ckpt_checksum_count(const float *x, int64_t n, int64_t first, uint64_t *nonfinite) {
   uint64_t s = 0, bad = 0;
 #pragma omp parallel for reduction(+ : s, bad)
@@ -151,50 +149,40 @@ void zt_ckpti_counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int
 
 /* ---- save ------------------------------------------------------------------- */
 
-static char *record_json(const zt_ckpt_state *s, int64_t step, int topology) {
+static char *topology_json(const zt_ckpt_state *s) {
   const zt_grid *g = s->grid;
-  json_t *o;
-  if (topology) {
-    o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b}", "world", g->world.size, "dp", g->dp, "tp",
-                  g->tp, "pp", g->pp, "zero", s->z->cfg.stage, "sequence_parallel",
-                  s->m->cfg.sequence_parallel);
-  } else {
-    int64_t next = step * s->global_batch;
-    const zt_scaler *sc = s->scaler;
-    o = json_pack("{s:{s:I, s:I, s:I}, s:{s:I}, s:f, s:I}", "data", "epoch",
-                  (json_int_t)(s->samples ? next / s->samples : 0), "next_sample",
-                  (json_int_t)next, "samples_per_epoch", (json_int_t)s->samples, "rng", "seed",
-                  (json_int_t)s->seed, "loss_scale", sc ? sc->scale : 1.0, "skipped_steps",
-                  (json_int_t)(s->skipped ? *s->skipped : 0));
-    if (o && sc && sc->cfg.dynamic)
-      json_object_set_new(o, "loss_scaler",
-                          json_pack("{s:f, s:I, s:I, s:i}", "scale", sc->scale, "iter",
-                                    (json_int_t)sc->iter, "last_overflow_iter",
-                                    (json_int_t)sc->last_overflow_iter, "hysteresis",
-                                    sc->hysteresis_left));
-  }
-  char *txt = json_dumps(o, JSON_COMPACT);
+  json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b}", "world", g->world.size, "dp", g->dp,
+                        "tp", g->tp, "pp", g->pp, "zero", s->z->cfg.stage, "sequence_parallel",
+                        s->m->cfg.sequence_parallel);
+  char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   return txt;
 }
 
+static char *state_json(const zt_ckpt_state *s, int64_t step) {
+  int64_t next = step * s->global_batch;
+  const zt_scaler *sc = s->scaler;
+  zt_ckpt_state_rec r = {
+      .epoch = s->samples ? next / s->samples : 0, .next_sample = next,
+      .samples_per_epoch = s->samples, .seed = s->seed, .loss_scale = sc ? sc->scale : 1.0,
+      .skipped_steps = s->skipped ? *s->skipped : 0, .has_scaler = sc && sc->cfg.dynamic};
+  if (r.has_scaler) {
+    r.scaler_scale = sc->scale;
+    r.scaler_iter = sc->iter;
+    r.scaler_last_overflow = sc->last_overflow_iter;
+    r.scaler_hysteresis = sc->hysteresis_left;
+  }
+  return zt_ckpt_format_state_json(&r);
+}
+
 /* Root attributes and groups (collective: every rank passes the same). */
 static int write_record(hid_t f, const zt_ckpt_state *s, int64_t at) {
-  long long version = ZT_CKPT_VERSION, step = at;
-  char *topo = record_json(s, at, 1), *state = record_json(s, at, 0);
-  int bad = zt_h5_write_str_attr(f, "format", ZT_CKPT_FORMAT) ||
-            zt_h5_write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_LLONG, &version) ||
-            zt_h5_write_scalar_attr(f, "step", H5T_STD_I64LE, H5T_NATIVE_LLONG, &step) ||
-            zt_h5_write_str_attr(f, "plan", s->plan_json ? s->plan_json : "{}") ||
-            zt_h5_write_str_attr(f, "topology", topo) || zt_h5_write_str_attr(f, "state", state);
+  char *topo = topology_json(s), *state = state_json(s, at);
+  int bad = !topo || !state ||
+            zt_ckpt_format_write_header(f, at, s->plan_json, topo, state) ||
+            zt_ckpt_format_create_groups(f, 1);
   free(topo);
   free(state);
-  const char *gs[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/master"};
-  for (int i = 0; i < 5 && !bad; i++) {
-    hid_t g = H5Gcreate2(f, gs[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    bad = g < 0;
-    if (g >= 0) H5Gclose(g);
-  }
   return bad;
 }
 
@@ -202,7 +190,7 @@ static int write_record(hid_t f, const zt_ckpt_state *s, int64_t at) {
 static int write_script(hid_t f, const char *text, int rank0, hid_t dxpl) {
   hsize_t n = text ? strlen(text) : 0;
   hid_t space = H5Screate_simple(1, &n, NULL);
-  hid_t ds = H5Dcreate2(f, "/script", H5T_NATIVE_UCHAR, space, H5P_DEFAULT, H5P_DEFAULT,
+  hid_t ds = H5Dcreate2(f, ZT_CKPT_SCRIPT, H5T_NATIVE_UCHAR, space, H5P_DEFAULT, H5P_DEFAULT,
                         H5P_DEFAULT);
   hsize_t one = n ? n : 1;
   hid_t mem = H5Screate_simple(1, &one, NULL);
@@ -230,8 +218,6 @@ static int long_runs(const zt_tensor_desc *t) {
   return t->shard.dim <= 0 || t->shard.count <= 1;
 }
 
-static const char *const short_names[3] = {"model", "exp_avg", "exp_avg_sq"};
-
 /* Tensors are stored contiguously, their space allocated when the dataset
  * is created and never filled: every byte is written once, by the rank
  * that counts it, at the address HDF5 gives the dataset. */
@@ -253,7 +239,7 @@ static hid_t create_tensor(hid_t f, int which, const zt_tensor_desc *t, hid_t dc
   hsize_t dims[ZT_MAX_DIMS];
   for (int d = 0; d < t->ndim; d++) dims[d] = (hsize_t)t->shape[d];
   char path[ZT_NAME_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", zt_ckpti_groups[which], t->name);
+  snprintf(path, sizeof path, "%s/%s", zt_ckpt_group_path[which], t->name);
   hid_t space = H5Screate_simple(t->ndim, dims, NULL);
   hid_t ds = space < 0 ? -1
                        : H5Dcreate2(f, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
@@ -281,7 +267,7 @@ static int write_collective(hid_t ds, const zt_ckpt_state *s, int which, const z
   if (fail) zt_h5_error_reason(why, sizeof why);
   H5Sclose(mspace);
   if (fspace >= 0) H5Sclose(fspace);
-  return fail ? zt_err_set(e, ZT_ERUNTIME, "%s/%s: %s", zt_ckpti_groups[which], t->name, why) : ZT_OK;
+  return fail ? zt_err_set(e, ZT_ERUNTIME, "%s/%s: %s", zt_ckpt_group_path[which], t->name, why) : ZT_OK;
 }
 
 /* Where the counted range of tensor i of state `which` is in live state. */
@@ -393,7 +379,7 @@ static int direct_write(direct *d, int64_t end, const float *const *data, const 
     if (!err && d->done + n >= end) err = zt_fs_writer_flush(d->w); /* the part is written */
     if (err)
       return zt_err_set(e, ZT_ERUNTIME, "%s/%s: file write failed: %s",
-                        zt_ckpti_groups[r->idx / m->n_params], m->params[r->idx % m->n_params].t.name,
+                        zt_ckpt_group_path[r->idx / m->n_params], m->params[r->idx % m->n_params].t.name,
                         strerror(err));
     d->done += n;
     if ((d->at += n) == r->n) d->k++, d->at = 0;
@@ -416,7 +402,7 @@ static int save_hooks(void *ctx, int idx, zt_err *e) {
   if (die && atoll(die) == h->step) raise(SIGKILL);
   zt_watchdog_test_stop(h->stop_at);
   if (injected_failure(h->comm, h->step))
-    return zt_err_set(e, ZT_ERUNTIME, "%s/%s: test: injected write failure", zt_ckpti_groups[idx / np],
+    return zt_err_set(e, ZT_ERUNTIME, "%s/%s: test: injected write failure", zt_ckpt_group_path[idx / np],
                       h->s->m->params[idx % np].t.name);
   return ZT_OK;
 }
@@ -484,7 +470,7 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
     const zt_tensor_desc *t = &m->params[idx % np].t;
     ds[idx] = create_tensor(f, idx / np, t, dcpl, &addr[idx]);
     if (ds[idx] < 0 || addr[idx] == HADDR_UNDEF)
-      rc = zt_err_set(e, ZT_ERUNTIME, "creating %s/%s: %s", zt_ckpti_groups[idx / np], t->name,
+      rc = zt_err_set(e, ZT_ERUNTIME, "creating %s/%s: %s", zt_ckpt_group_path[idx / np], t->name,
                       ds[idx] < 0 ? zt_h5_error_reason(why, sizeof why)
                                   : "HDF5 allocated no space for it");
     long long end = (long long)addr[idx] + (long long)sizeof(float) * zt_tensor_numel(t);
@@ -544,7 +530,7 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
     if (long_runs(t)) continue;
     int64_t a, b;
     zt_ckpti_counted_range(s, t, &a, &b);
-    snprintf(what, sizeof what, "checkpoint write of %s/%s", short_names[idx / np], t->name);
+    snprintf(what, sizeof what, "checkpoint write of %s/%s", zt_ckpt_group_name[idx / np], t->name);
     t0 = zt_timer_now();
     zt_comm_phase_begin(comm, what);
     zt_comm_lock();
@@ -574,25 +560,21 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
   for (int idx = 0; idx < nt && !rc; idx++)
     if (bad[idx])
       rc = zt_err_set(e, ZT_ERUNTIME, "tensor %s/%s holds %llu non-finite values (NaN or "
-                      "inf) at step %lld: a diverged state is never saved", zt_ckpti_groups[idx / np],
+                      "inf) at step %lld: a diverged state is never saved", zt_ckpt_group_path[idx / np],
                       m->params[idx % np].t.name, (unsigned long long)bad[idx], (long long)step);
   t0 = zt_timer_now();
   if (!rc) { /* every rank has the same sums: these metadata writes are collective */
     zt_comm_phase_begin(comm, "checkpoint: checksums and links");
     zt_comm_lock();
     for (int idx = 0; idx < nt && !rc; idx++)
-      if (zt_h5_write_scalar_attr(ds[idx], "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64,
+      if (zt_h5_write_scalar_attr(ds[idx], ZT_CKPT_ATTR_CHECKSUM, H5T_STD_U64LE, H5T_NATIVE_UINT64,
                                   &sums[idx]))
         rc = zt_err_set(e, ZT_ERUNTIME, "writing checksums: %s",
                         zt_h5_error_reason(why, sizeof why));
-    for (int i = 0; i < np && !rc; i++) { /* fp32 master weights = the parameters */
-      char src[ZT_NAME_MAX + 16], dst[ZT_NAME_MAX + 32];
-      snprintf(src, sizeof src, "/model/%s", m->params[i].t.name);
-      snprintf(dst, sizeof dst, "/optim/master/%s", m->params[i].t.name);
-      if (H5Lcreate_hard(f, src, f, dst, H5P_DEFAULT, H5P_DEFAULT) < 0)
+    for (int i = 0; i < np && !rc; i++) /* fp32 master weights = the parameters */
+      if (zt_ckpt_format_link_master(f, m->params[i].t.name))
         rc = zt_err_set(e, ZT_ERUNTIME, "linking master weights: %s",
                         zt_h5_error_reason(why, sizeof why));
-    }
     zt_comm_unlock();
     zt_comm_phase_end(comm);
     rc = zt_comm_agree(comm, rc, e);
@@ -686,10 +668,11 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   for (int which = 0; which < 3; which++)
     for (int i = 0; i < np; i++) {
       zt_ckpti_counted_range(s, &m->params[i].t, &a0, &b0);
-      m->be->download(p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
+      m->be->copy(m->stream, p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
       a->pieces[which * np + i] = p;
       p += b0 - a0;
     }
+  m->be->stream_sync(m->stream); /* the snapshot is whole before the thread reads it */
   zt_comm_dup(&s->grid->world, "ckpt", &a->comm);
   pthread_mutex_init(&a->gate_lock, NULL);
   pthread_cond_init(&a->gate, NULL);

@@ -18,12 +18,11 @@
 
 #include "parallel/grid.h"
 #include "parallel/zero.h"
+#include "src/ckpt/format.h"
 #include "src/core/err.h"
 #include "src/model/model.h"
 #include "src/train/scaler.h"
 
-#define ZT_CKPT_FORMAT "ztrain-checkpoint"
-#define ZT_CKPT_VERSION 2
 
 /* What a checkpoint reads and writes, and the record that goes with it. */
 typedef struct zt_ckpt_state {

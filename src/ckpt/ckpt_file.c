@@ -20,12 +20,9 @@
 
 _Static_assert(sizeof(hid_t) == sizeof(int64_t), "zt_ckpt_file keeps a hid_t in an int64_t");
 
-#define FORMAT "ztrain-checkpoint"
 
 int64_t zt_ckpt_file_block_elems = INT64_C(1) << 24;
 
-const char *const zt_ckpt_group_path[ZT_CKPT_NGROUPS] = {
-    "/model", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/master"};
 
 /* ---- errors ---------------------------------------------------------- */
 
@@ -72,19 +69,6 @@ uint64_t zt_ckpt_file_box_checksum(const zt_ckpt_tensor *t, const int64_t *start
     while (d >= 0 && ++idx[d] == count[d]) idx[d--] = 0;
     if (d < 0) return sum;
   }
-}
-
-int64_t zt_ckpt_file_bf16_type(void) {
-  /* float32 with the low 16 mantissa bits dropped: same sign, exponent and
-   * bias, so HDF5 converts it to float32 exactly */
-  hid_t t = H5Tcopy(H5T_IEEE_F32LE);
-  if (t < 0) return -1;
-  if (H5Tset_fields(t, 15, 7, 8, 0, 7) < 0 || H5Tset_offset(t, 0) < 0 ||
-      H5Tset_precision(t, 16) < 0 || H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, 127) < 0) {
-    H5Tclose(t);
-    return -1;
-  }
-  return t;
 }
 
 /* Which of our element types an HDF5 type is, or -1. Only the exact bit
@@ -457,14 +441,14 @@ static int list_tensors(zt_ckpt_file *cf, zt_err *e) {
 
 static int read_header(zt_ckpt_file *cf, zt_err *e) {
   char *fmt = NULL;
-  int rc = read_str_attr(cf->h5, "format", cf->path, &fmt, e);
-  int is_ckpt = fmt && !strcmp(fmt, FORMAT);
+  int rc = read_str_attr(cf->h5, ZT_CKPT_ATTR_FORMAT, cf->path, &fmt, e);
+  int is_ckpt = fmt && !strcmp(fmt, ZT_CKPT_FORMAT);
   free(fmt);
   if (rc) return rc;
   if (!is_ckpt)
     return zt_err_set(e, ZT_EINPUT,
                       "%s is an HDF5 file but not a ztrain checkpoint (no format attribute "
-                      "\"%s\")", cf->path, FORMAT);
+                      "\"%s\")", cf->path, ZT_CKPT_FORMAT);
   int present = 0;
   rc = read_int_attr(cf->h5, "format_version", cf->path, 0, &cf->version, &present, e);
   if (!rc && !present)
@@ -559,7 +543,7 @@ int zt_ckpt_file_read(const zt_ckpt_file *cf, const zt_ckpt_tensor *t, const int
   hid_t ds = H5Dopen2(cf->h5, p, H5P_DEFAULT);
   hid_t fs = ds >= 0 ? H5Dget_space(ds) : -1;
   hid_t ms = H5Screate_simple(t->ndim, ct, NULL);
-  hid_t mt = t->dtype == ZT_CKPT_F32 ? H5Tcopy(H5T_NATIVE_FLOAT) : zt_ckpt_file_bf16_type();
+  hid_t mt = t->dtype == ZT_CKPT_F32 ? H5Tcopy(H5T_NATIVE_FLOAT) : zt_ckpt_format_bf16_type();
   int bad = ds < 0 || fs < 0 || ms < 0 || mt < 0 ||
             H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, ct, NULL) < 0;
   /* bf16 is read into the upper half of out and widened in place from the

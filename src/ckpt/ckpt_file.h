@@ -19,26 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/ckpt/format.h"
 #include "src/core/err.h"
 #include "src/core/tensor.h"
 #include "src/model/model.h"
 
-/* The tensor groups of a checkpoint, in file order. */
-typedef enum {
-  ZT_CKPT_MODEL = 0,      /* /model: parameters */
-  ZT_CKPT_EXP_AVG = 1,    /* /optim/exp_avg: AdamW first moment */
-  ZT_CKPT_EXP_AVG_SQ = 2, /* /optim/exp_avg_sq: AdamW second moment */
-  ZT_CKPT_MASTER = 3,     /* /optim/master: fp32 master weights (version 2) */
-  ZT_CKPT_NGROUPS = 4
-} zt_ckpt_group;
-
-/* "/model", "/optim/exp_avg", ... indexed by zt_ckpt_group. */
-extern const char *const zt_ckpt_group_path[ZT_CKPT_NGROUPS];
-
-/* Element types a checkpoint may store. bf16 is an HDF5 floating-point
- * type of 16 bits (sign 15, exponent 7..14 with bias 127, mantissa 0..6),
- * so HDF5 tools and h5py's astype('f4') read its values. */
-typedef enum { ZT_CKPT_F32 = 0, ZT_CKPT_BF16 = 1 } zt_ckpt_dtype;
+/* The groups (zt_ckpt_group, zt_ckpt_group_path) and stored element
+ * types (zt_ckpt_dtype) are the format's: format.h. */
 
 /* Limits on what a file may claim, far above any real checkpoint. */
 #define ZT_CKPT_MAX_TENSORS (1 << 20) /* per group */
@@ -184,8 +171,5 @@ void zt_ckpt_shape_str(char *buf, size_t n, int ndim, const int64_t *d);
 uint64_t zt_ckpt_file_box_checksum(const zt_ckpt_tensor *t, const int64_t *start,
                                    const int64_t *count, const float *x, uint64_t *nonfinite);
 
-/* A new HDF5 datatype id for bf16 as stored in checkpoints (the caller
- * closes it with H5Tclose); < 0 on failure. */
-int64_t zt_ckpt_file_bf16_type(void);
 
 #endif

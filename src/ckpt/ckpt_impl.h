@@ -13,8 +13,8 @@
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/h5util.h"
 
-/* "/model", "/optim/exp_avg", "/optim/exp_avg_sq": state `which` 0..2 */
-extern const char *const zt_ckpti_groups[3];
+/* State `which` 0..2 (weights, exp_avg, exp_avg_sq) is stored in group
+ * zt_ckpt_group_path[which] (format.h). */
 
 /* Base pointer such that flat element i of state `which` (0 weights, 1
  * exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range [lo, hi) present. */

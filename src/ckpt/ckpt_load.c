@@ -53,8 +53,8 @@ static int read_header(hid_t f, const char *path, long long *step, long long *ve
   if (strcmp(fmt, ZT_CKPT_FORMAT))
     return zt_err_set(e, ZT_EINPUT, "%s is not a ztrain checkpoint (no format attribute \"%s\")",
                       path, ZT_CKPT_FORMAT);
-  if (zt_h5_read_scalar_attr(f, "format_version", H5T_NATIVE_LLONG, version) ||
-      zt_h5_read_scalar_attr(f, "step", H5T_NATIVE_LLONG, step))
+  if (zt_h5_read_scalar_attr(f, ZT_CKPT_ATTR_VERSION, H5T_NATIVE_LLONG, version) ||
+      zt_h5_read_scalar_attr(f, ZT_CKPT_ATTR_STEP, H5T_NATIVE_LLONG, step))
     return zt_err_set(e, ZT_EINPUT, "checkpoint %s: attribute format_version or step missing or "
                       "unreadable", path);
   if (*version < 1 || *version > ZT_CKPT_VERSION)
@@ -133,7 +133,7 @@ static float *held_range(const zt_ckpt_state *s, int which, const zt_tensor_desc
 static int read_tensor(hid_t f, const zt_ckpt_state *s, int which, const zt_tensor_desc *t,
                        hid_t dxpl, uint64_t *got, uint64_t *nonfinite) {
   char path[ZT_NAME_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", zt_ckpti_groups[which], t->name);
+  snprintf(path, sizeof path, "%s/%s", zt_ckpt_group_path[which], t->name);
   hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
   if (ds < 0) return 1;
   int64_t a, b;
@@ -202,7 +202,7 @@ static int direct_read(direct *d, int64_t end, zt_fs_reader *r, float *const *ds
                                (long long)addr[sp->idx] + first * (long long)sizeof *p, mine);
     if (err)
       return zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading tensor %s/%s failed: %s (file "
-                        "damaged or truncated?)", path, zt_ckpti_groups[sp->idx / m->n_params],
+                        "damaged or truncated?)", path, zt_ckpt_group_path[sp->idx / m->n_params],
                         m->params[sp->idx % m->n_params].t.name, strerror(err));
     if (mine) got[sp->idx] += zt_ckpt_checksum_count(p, n, first, &nonfinite[sp->idx]);
     d->done += n;
@@ -211,46 +211,13 @@ static int direct_read(direct *d, int64_t end, zt_fs_reader *r, float *const *ds
   return ZT_OK;
 }
 
-/* The steps skipped for non-finite values, from the state record (0 when
- * the file predates them); -1 when the record is damaged. */
-static int64_t read_skipped(hid_t f, long long step) {
+/* The state record's skipped steps and loss scaler (format.h); a file
+ * without a record (older ones) has neither. */
+static int read_state(hid_t f, long long step, zt_ckpt_state_rec *r, const char **bad) {
   char *txt = NULL;
-  if (zt_h5_read_str_attr(f, "state", 1 << 20, &txt)) return 0;
-  json_t *o = json_loads(txt, 0, NULL), *v = o ? json_object_get(o, "skipped_steps") : NULL;
-  int64_t n = !o ? -1 : !v ? 0 : json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
-  if (n > step) n = -1;
-  json_decref(o);
-  free(txt);
-  return n;
-}
-
-/* A dynamic loss scaler's state from the state record into *sc: 1 when
- * the record has one, 0 when not (a run without dynamic scaling wrote it),
- * -1 when it is damaged. */
-static int read_scaler(hid_t f, zt_scaler *sc) {
-  char *txt = NULL;
-  if (zt_h5_read_str_attr(f, "state", 1 << 20, &txt)) return 0;
-  json_t *o = json_loads(txt, 0, NULL), *v = o ? json_object_get(o, "loss_scaler") : NULL;
-  int rc = !o ? -1 : !v ? 0 : 1;
-  if (rc == 1) {
-    json_t *scale = json_object_get(v, "scale"), *it = json_object_get(v, "iter");
-    json_t *last = json_object_get(v, "last_overflow_iter"), *hy = json_object_get(v, "hysteresis");
-    if (!json_is_number(scale) || !json_is_integer(it) || !json_is_integer(last) ||
-        !json_is_integer(hy)) {
-      rc = -1;
-    } else {
-      sc->scale = json_number_value(scale);
-      sc->iter = (int64_t)json_integer_value(it);
-      sc->last_overflow_iter = (int64_t)json_integer_value(last);
-      json_int_t h = json_integer_value(hy);
-      sc->hysteresis_left = h >= 1 && h <= INT32_MAX ? (int)h : 0;
-      if (!(isfinite(sc->scale) && sc->scale > 0) || sc->iter < 0 ||
-          sc->last_overflow_iter < -1 || sc->last_overflow_iter >= sc->iter ||
-          sc->hysteresis_left < 1)
-        rc = -1;
-    }
-  }
-  json_decref(o);
+  memset(r, 0, sizeof *r);
+  if (zt_h5_read_str_attr(f, ZT_CKPT_ATTR_STATE, 1 << 20, &txt)) return 0;
+  int rc = zt_ckpt_format_parse_state(txt, step, r, bad);
   free(txt);
   return rc;
 }
@@ -276,7 +243,6 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
   H5Pclose(fapl);
   long long step = 0, version = 0;
-  int64_t skipped = 0;
   rc = f < 0 ? zt_err_set(e, ZT_EINPUT, "checkpoint %s cannot be opened (damaged or "
                           "truncated?)", path)
              : read_header(f, path, &step, &version, e);
@@ -284,21 +250,18 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   if (!rc && s->global_batch > 0 && step > INT64_MAX / s->global_batch)
     rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: step %lld is out of range (damaged?)", path,
                     step);
-  if (!rc && (skipped = read_skipped(f, step)) < 0)
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its state record is damaged (skipped_steps)",
-                    path);
-  zt_scaler scaler = s->scaler ? *s->scaler : (zt_scaler){0};
-  int has_scaler = rc ? 0 : read_scaler(f, &scaler);
-  if (has_scaler < 0)
-    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its state record is damaged (loss_scaler)",
-                    path);
+  zt_ckpt_state_rec rec;
+  const char *bad_key = "";
+  if (!rc && read_state(f, step, &rec, &bad_key))
+    rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its state record is damaged (%s)", path,
+                    bad_key);
   /* an error is not absence: it would drop the optimizer state and step */
   htri_t has_optim = rc ? 0 : H5Lexists(f, "/optim", H5P_DEFAULT);
   if (has_optim < 0)
     rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root group is unreadable (damaged?)", path);
   int optim = has_optim > 0;
   /* every rank reads the same header: the verdicts agree without talking */
-  for (int w2 = 0; w2 < (optim ? 3 : 1) && !rc; w2++) rc = check_group(f, path, zt_ckpti_groups[w2], m, e);
+  for (int w2 = 0; w2 < (optim ? 3 : 1) && !rc; w2++) rc = check_group(f, path, zt_ckpt_group_path[w2], m, e);
   zt_comm_unlock();
   zt_comm_phase_end(w);
   rc = zt_comm_agree(w, rc, e);
@@ -321,14 +284,14 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   for (int idx = 0; idx < nt && !rc; idx++) {
     const zt_tensor_desc *t = &m->params[idx % np].t;
     char name[ZT_NAME_MAX + 32];
-    snprintf(name, sizeof name, "%s/%s", zt_ckpti_groups[idx / np], t->name);
+    snprintf(name, sizeof name, "%s/%s", zt_ckpt_group_path[idx / np], t->name);
     hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
     if (ds < 0) {
       rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading tensor %s failed (file damaged or "
                       "truncated?)", path, name);
       break;
     }
-    if (zt_h5_read_scalar_attr(ds, "checksum", H5T_NATIVE_UINT64, &want[idx])) want[idx] = 0;
+    if (zt_h5_read_scalar_attr(ds, ZT_CKPT_ATTR_CHECKSUM, H5T_NATIVE_UINT64, &want[idx])) want[idx] = 0;
     addr[idx] = direct_address(ds, t, file_size);
     H5Dclose(ds);
   }
@@ -376,12 +339,12 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
   for (int idx = 0; idx < nt && !rc; idx++) {
     if (addr[idx] != HADDR_UNDEF) continue;
     const zt_tensor_desc *t = &m->params[idx % np].t;
-    snprintf(what, sizeof what, "checkpoint read of %s/%s", zt_ckpti_groups[idx / np] + 1, t->name);
+    snprintf(what, sizeof what, "checkpoint read of %s/%s", zt_ckpt_group_path[idx / np] + 1, t->name);
     zt_comm_phase_begin(w, what);
     zt_comm_lock();
     if (read_tensor(f, s, idx / np, t, dxpl, &got[idx], &nonfinite[idx]))
       rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading tensor %s/%s failed (file "
-                      "damaged or truncated?)", path, zt_ckpti_groups[idx / np], t->name);
+                      "damaged or truncated?)", path, zt_ckpt_group_path[idx / np], t->name);
     zt_comm_unlock();
     zt_comm_phase_end(w);
     rc = zt_comm_agree(w, rc, e);
@@ -405,22 +368,24 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
     for (int i = 0; i < np && !rc; i++)
       if (got[which * np + i] != want[which * np + i])
         rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s/%s fails its checksum (file "
-                        "damaged?)", path, zt_ckpti_groups[which], m->params[i].t.name);
+                        "damaged?)", path, zt_ckpt_group_path[which], m->params[i].t.name);
   for (int which = 0; which < (optim ? 3 : 1) && !rc; which++)
     for (int i = 0; i < np && !rc; i++)
       if (nonfinite[which * np + i])
         rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s/%s holds %llu non-finite values "
                         "(NaN or inf): written by a run that diverged; use an earlier checkpoint",
-                        path, zt_ckpti_groups[which], m->params[i].t.name,
+                        path, zt_ckpt_group_path[which], m->params[i].t.name,
                         (unsigned long long)nonfinite[which * np + i]);
   free(got);
   if (!rc && optim) {
     *s->step = step;
-    if (s->skipped) *s->skipped = skipped;
+    if (s->skipped) *s->skipped = rec.skipped_steps;
     /* a dynamic scaler goes on where it was; a static one is the script's */
-    if (has_scaler && s->scaler && s->scaler->cfg.dynamic) {
-      scaler.cfg = s->scaler->cfg;
-      *s->scaler = scaler;
+    if (rec.has_scaler && s->scaler && s->scaler->cfg.dynamic) {
+      s->scaler->scale = rec.scaler_scale;
+      s->scaler->iter = rec.scaler_iter;
+      s->scaler->last_overflow_iter = rec.scaler_last_overflow;
+      s->scaler->hysteresis_left = rec.scaler_hysteresis;
     }
   }
   return rc;

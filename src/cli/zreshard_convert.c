@@ -124,7 +124,7 @@ static int convert_tensor(converter *cv, const zt_ckpt_tensor *src, const zt_ten
   }
   if (!cv->bf16) out_sum = in.sum;
   if (!rc && !bad) rc = zt_zreshard_accept(cv->a, cv->cf, src, &in, e);
-  if (!rc && !bad) bad = zt_h5_write_scalar_attr(ds, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &out_sum);
+  if (!rc && !bad) bad = zt_h5_write_scalar_attr(ds, ZT_CKPT_ATTR_CHECKSUM, H5T_STD_U64LE, H5T_NATIVE_UINT64, &out_sum);
   if (ds >= 0 && H5Dclose(ds) < 0) bad = 1;
   if (dcpl >= 0) H5Pclose(dcpl);
   if (space >= 0) H5Sclose(space);
@@ -184,15 +184,6 @@ static int convert_target(const args *a, const zt_ckpt_record *rec, zt_model *m,
   return rc;
 }
 
-static int create_groups(hid_t f, int optim) {
-  const char *gs[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq", "/optim/master"};
-  for (int i = 0; i < (optim ? 5 : 1); i++) {
-    hid_t g = H5Gcreate2(f, gs[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (g < 0 || H5Gclose(g) < 0) return 1;
-  }
-  return 0;
-}
-
 int zt_zreshard_convert(const args *a, zt_err *e) {
   zt_ckpt_file cf;
   zt_ckpt_record rec;
@@ -220,8 +211,8 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
   if (!rc) {
     cv.buf = malloc((size_t)most * sizeof *cv.buf);
     cv.half = a->bf16 ? malloc((size_t)most * sizeof *cv.half) : NULL;
-    cv.ftype = a->bf16 ? zt_ckpt_file_bf16_type() : H5Tcopy(H5T_IEEE_F32LE);
-    cv.mtype = a->bf16 ? zt_ckpt_file_bf16_type() : H5Tcopy(H5T_NATIVE_FLOAT);
+    cv.ftype = a->bf16 ? zt_ckpt_format_bf16_type() : H5Tcopy(H5T_IEEE_F32LE);
+    cv.mtype = a->bf16 ? zt_ckpt_format_bf16_type() : H5Tcopy(H5T_NATIVE_FLOAT);
     if (!tmp || !cv.buf || (a->bf16 && !cv.half) || cv.ftype < 0 || cv.mtype < 0)
       rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   }
@@ -235,13 +226,8 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
     if (cv.f < 0) rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s", tmp);
   }
   if (!rc) {
-    int64_t version = 2;
-    if (zt_h5_write_str_attr(cv.f, "format", "ztrain-checkpoint") ||
-        zt_h5_write_scalar_attr(cv.f, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version) ||
-        zt_h5_write_scalar_attr(cv.f, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &cf.step) ||
-        zt_h5_write_str_attr(cv.f, "plan", cf.plan) || zt_h5_write_str_attr(cv.f, "topology", topo) ||
-        (cf.state && zt_h5_write_str_attr(cv.f, "state", cf.state)) ||
-        (cf.script && write_script(cv.f, cf.script)) || create_groups(cv.f, optim))
+    if (zt_ckpt_format_write_header(cv.f, cf.step, cf.plan, topo, cf.state) ||
+        (cf.script && write_script(cv.f, cf.script)) || zt_ckpt_format_create_groups(cv.f, optim))
       rc = zt_err_set(e, ZT_ERUNTIME, "writing the header of %s failed", tmp);
   }
   int written = 0;
@@ -257,13 +243,10 @@ int zt_zreshard_convert(const args *a, zt_err *e) {
     if (grp >= 0) H5Gclose(grp);
   }
   /* fp32 master weights are the parameters: links, as ztrain writes them */
-  for (int i = 0; optim && !rc && i < m.n_params; i++) {
-    char from[ZT_NAME_MAX + 16], to[ZT_NAME_MAX + 24];
-    snprintf(from, sizeof from, "/model/%s", m.params[i].t.name);
-    snprintf(to, sizeof to, "/optim/master/%s", m.params[i].t.name);
-    if (H5Lcreate_hard(cv.f, from, cv.f, to, H5P_DEFAULT, H5P_DEFAULT) < 0)
-      rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed (link %s)", tmp, to);
-  }
+  for (int i = 0; optim && !rc && i < m.n_params; i++)
+    if (zt_ckpt_format_link_master(cv.f, m.params[i].t.name))
+      rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed (link %s/%s)", tmp,
+                      zt_ckpt_group_path[ZT_CKPT_MASTER], m.params[i].t.name);
   if (cv.f >= 0 && H5Fclose(cv.f) < 0 && !rc)
     rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed (closing)", tmp);
   if (!rc) rc = zt_fs_publish(tmp, a->out, e);

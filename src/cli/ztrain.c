@@ -266,12 +266,16 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
   const zt_zero *z = &tr->zero;
   int nre = 0;
   for (int l = 0; c->recompute && l < c->layers; l++) nre += c->recompute[l] != 0;
+  char prec[96] = "";
+  if (m->dt != ZT_F32)
+    snprintf(prec, sizeof prec, " | precision %s (weights, gradients and moments in fp32)",
+             m->dt == ZT_BF16 ? "bf16" : "fp16");
   char recompute[64] = "";
   if (nre)
     snprintf(recompute, sizeof recompute, " (%d of %d blocks recomputed)", nre, c->layers);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
-         "%d threads/rank\n"
+         "%d threads/rank%s\n"
          "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s | "
          "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
@@ -280,7 +284,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
-         omp_get_max_threads(), z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
+         omp_get_max_threads(), prec, z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
          m->act_bytes / 1048576.0, recompute, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
          : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
@@ -327,6 +331,9 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
   /* this rank knows the run's timeout now: the agreement below is watched by it */
   if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
+  if (!rc && !be->has_dtype(plan.train.precision))
+    rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
+                    zt_dtype_name(plan.train.precision));
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,

@@ -327,6 +327,9 @@ static void read_train(lua_State *L, zt_train_cfg *t) {
   t->eval_every = (int)integer(L, "eval_every");
   t->peak_gflops = num(L, "peak_gflops");
   t->max_bad_steps = (int)integer(L, "max_bad_steps");
+  char *prec = dupstr(L, "precision");
+  t->precision = !strcmp(prec, "bf16") ? ZT_BF16 : !strcmp(prec, "fp16") ? ZT_F16 : ZT_F32;
+  free(prec);
   lua_getfield(L, -1, "loss_scale");
   zt_scaler_cfg *ls = &t->loss_scale;
   ls->dynamic = boolean(L, "dynamic");
@@ -502,6 +505,11 @@ static void memory_budget(zt_mem_budget *mb, int dp, int zero) {
   mb->zero = zero;
 }
 
+/* train.precision as the script writes it */
+static const char *precision_name(zt_dtype t) {
+  return t == ZT_BF16 ? "bf16" : t == ZT_F16 ? "fp16" : "fp32";
+}
+
 static char *plan_json(const zt_plan *p) {
   const zt_model_cfg *m = &p->model;
   const zt_train_cfg *t = &p->train;
@@ -540,6 +548,8 @@ static char *plan_json(const zt_plan *p) {
   for (int l = 0; m->recompute && l < m->layers; l++)
     if (m->recompute[l]) json_array_append_new(rc, json_integer(l));
   json_object_set_new(json_object_get(root, "train"), "recompute", rc);
+  json_object_set_new(json_object_get(root, "train"), "precision",
+                      json_string(precision_name(t->precision)));
   const zt_scaler_cfg *ls = &t->loss_scale;
   json_object_set_new(json_object_get(root, "train"), "loss_scale",
                       ls->dynamic ? json_pack("{s:i, s:I, s:i, s:f, s:b}", "initial_scale_power",
@@ -621,6 +631,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     lua_getfield(L, -2, "train");
     read_train(L, &p->train);
     p->model.recompute = read_recompute(L, p->model.layers);
+    p->model.precision = p->train.precision;
     lua_getfield(L, -3, "data");
     read_data(L, &p->data);
     lua_getfield(L, -4, "checkpoint");
@@ -632,6 +643,11 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     rc = read_parallel(L, &p->parallel, world_size, e);
     lua_pop(L, 5);
   }
+  if (!rc && p->train.precision != ZT_F32 && p->parallel.zero.stage == 3)
+    rc = zt_err_set(e, ZT_EINPUT,
+                    "train.precision = \"%s\" with parallel.zero = 3 is not supported yet (ZeRO-3 "
+                    "gathers the fp32 weights); use parallel.zero = 0, 1 or 2 with 16-bit training, "
+                    "or fp32 with ZeRO-3", precision_name(p->train.precision));
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);

@@ -12,7 +12,7 @@
 /* res[0] of the slot = the embedding of s->tokens. */
 void zt_layers_embed_fwd(zt_model *m, zt_slot *s);
 /* Embedding gradient from dy [N, C] (all rows). */
-void zt_layers_embed_wgrad(zt_model *m, zt_slot *s, const float *dy);
+void zt_layers_embed_wgrad(zt_model *m, zt_slot *s, const void *dy);
 
 /* Block l, the i-th of its chunk: res[i] -> res[i + 1]. recompute: only
  * the activations backward reads, again (same values, bit for bit): the
@@ -30,6 +30,6 @@ void zt_layers_head_wgrad(zt_model *m, zt_slot *s);
 
 /* All N rows of a residual-stream tensor [Ns, C] (sequence parallelism:
  * gathered into scratch). */
-const float *zt_layers_rows_all(zt_model *m, const float *x);
+const void *zt_layers_rows_all(zt_model *m, const void *x);
 
 #endif

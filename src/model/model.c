@@ -31,18 +31,19 @@ static int recomputed(const zt_model *m, int l) {
 static void carve_acts(zt_model *m, carver *cv, zt_block_acts *a) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
-  a->ln1 = carve(cv, N * C * f);
+  size_t x = zt_dtype_size(m->dt);
+  a->ln1 = carve(cv, N * C * x);
   a->ln1_mean = carve(cv, Ns * f);
   a->ln1_rstd = carve(cv, Ns * f);
-  a->qkv = carve(cv, N * m->qkv_rows * f);
-  a->att = carve(cv, N * m->att_dim * f);
+  a->qkv = carve(cv, N * m->qkv_rows * x);
+  a->att = carve(cv, N * m->att_dim * x);
   a->lse = carve(cv, (size_t)m->B * m->heads * c->seq * f);
-  a->mid = carve(cv, Ns * C * f);
-  a->ln2 = carve(cv, N * C * f);
+  a->mid = carve(cv, Ns * C * x);
+  a->ln2 = carve(cv, N * C * x);
   a->ln2_mean = carve(cv, Ns * f);
   a->ln2_rstd = carve(cv, Ns * f);
-  a->fc = carve(cv, N * m->fc_rows * f);
-  a->act = carve(cv, N * m->hidden * f);
+  a->fc = carve(cv, N * m->fc_rows * x);
+  a->act = carve(cv, N * m->hidden * x);
 }
 
 /* One slot: the residual stream (each block's input, Ns rows) and the
@@ -53,8 +54,9 @@ static void carve_acts(zt_model *m, carver *cv, zt_block_acts *a) {
 static void carve_slot(zt_model *m, carver *cv, const zt_chunk *k, zt_slot *s) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
+  size_t x = zt_dtype_size(m->dt);
   int nb = k->last - k->first + 1;
-  for (int i = 0; i <= nb; i++) s->res[i] = carve(cv, Ns * C * f);
+  for (int i = 0; i <= nb; i++) s->res[i] = carve(cv, Ns * C * x);
   for (int i = 0; i < nb; i++) {
     zt_block_acts *a = &s->acts[i];
     if (!recomputed(m, k->first + i)) {
@@ -64,29 +66,29 @@ static void carve_slot(zt_model *m, carver *cv, const zt_chunk *k, zt_slot *s) {
       /* a split schedule's W runs after other blocks have been recomputed:
        * the inputs of its weight gradients stay here until then */
       if (m->split) {
-        a->ln1 = carve(cv, N * C * f);
-        a->att = carve(cv, N * m->att_dim * f);
-        a->ln2 = carve(cv, N * C * f);
-        a->act = carve(cv, N * m->hidden * f);
+        a->ln1 = carve(cv, N * C * x);
+        a->att = carve(cv, N * m->att_dim * x);
+        a->ln2 = carve(cv, N * C * x);
+        a->act = carve(cv, N * m->hidden * x);
       }
     }
     if (!m->split) continue;
     zt_block_saved *sv = &s->saved[i];
-    sv->dy_down = carve(cv, N * C * f);
-    sv->dfc = carve(cv, N * m->fc_rows * f);
-    sv->dy_out = carve(cv, N * C * f);
-    sv->dqkv = carve(cv, N * m->qkv_rows * f);
+    sv->dy_down = carve(cv, N * C * x);
+    sv->dfc = carve(cv, N * m->fc_rows * x);
+    sv->dy_out = carve(cv, N * C * x);
+    sv->dqkv = carve(cv, N * m->qkv_rows * x);
     sv->dnorm = carve(cv, 4 * C * f);
   }
   if (k->head) {
-    s->lnf = carve(cv, N * C * f);
+    s->lnf = carve(cv, N * C * x);
     s->lnf_mean = carve(cv, Ns * f);
     s->lnf_rstd = carve(cv, Ns * f);
-    s->logits = carve(cv, N * m->vocab_local * f);
+    s->logits = carve(cv, N * m->vocab_local * x);
     s->losses = carve(cv, N * f);
     if (m->split) s->dnorm_final = carve(cv, 2 * C * f);
   }
-  if (k->embed && m->split) s->dy_embed = carve(cv, N * C * f);
+  if (k->embed && m->split) s->dy_embed = carve(cv, N * C * x);
   s->tokens = carve(cv, N * sizeof(int32_t));
   s->targets = carve(cv, N * sizeof(int32_t));
 }
@@ -95,6 +97,7 @@ static void carve_slot(zt_model *m, carver *cv, const zt_chunk *k, zt_slot *s) {
 static void carve_all(zt_model *m, carver *cv) {
   const zt_model_cfg *c = &m->cfg;
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
+  size_t x = zt_dtype_size(m->dt);
   int any = 0;
   for (int k = 0; k < m->n_chunks; k++)
     for (int l = m->chunks[k].first; l <= m->chunks[k].last; l++) any |= recomputed(m, l);
@@ -103,12 +106,12 @@ static void carve_all(zt_model *m, carver *cv) {
     for (int s = 0; s < m->chunks[k].n_slots; s++)
       carve_slot(m, cv, &m->chunks[k], &m->chunks[k].slots[s]);
   m->xent_stats = carve(cv, 3 * N * f);
-  m->dres = carve(cv, Ns * C * f);
-  m->dln = carve(cv, N * C * f);
-  m->datt = carve(cv, N * m->att_dim * f);
-  m->dqkv = carve(cv, N * m->qkv_rows * f);
-  m->dfc = carve(cv, N * m->fc_rows * f);
-  m->dact = carve(cv, N * m->hidden * f);
+  m->dres = carve(cv, Ns * C * x);
+  m->dln = carve(cv, N * C * x);
+  m->datt = carve(cv, N * m->att_dim * x);
+  m->dqkv = carve(cv, N * m->qkv_rows * x);
+  m->dfc = carve(cv, N * m->fc_rows * x);
+  m->dact = carve(cv, N * m->hidden * x);
   m->dkv_w = carve(cv, m->kv_rep > 1 ? (size_t)(m->qkv_rows - m->att_dim) * C * f : 0);
   m->dnorm = carve(cv, m->sp ? 4 * C * f : 0);
   m->rope_cs = carve(cv, (size_t)c->seq * m->hd * f);
@@ -124,7 +127,8 @@ static void upload_rope(zt_model *m) {
       cs[t * half + i] = (float)cos(t * freq);
       cs[(size_t)T * half + t * half + i] = (float)sin(t * freq);
     }
-  m->be->upload(m->rope_cs, cs, (size_t)T * m->hd * sizeof *cs);
+  m->be->copy(m->stream, m->rope_cs, cs, (size_t)T * m->hd * sizeof *cs);
+  m->be->stream_sync(m->stream); /* before cs is freed */
   free(cs);
 }
 
@@ -190,16 +194,16 @@ static int make_chunks(zt_model *m, const zt_stage_cfg *st) {
  * bytes of the flat weights (and a tied head's copy); the gradients are
  * as many. Activations grow with the micro-batch; the rest does not. */
 static int refuse_unless_fits(const zt_model *m, const zt_model_cfg *cfg, size_t weights,
-                              size_t acts, int micro_batch, zt_err *e) {
+                              size_t copies, size_t acts, int micro_batch, zt_err *e) {
   const zt_mem_budget *b = &cfg->mem;
   const double gib = 1024.0 * 1024.0 * 1024.0;
   int shards = b->zero >= 1 && b->dp > 1 ? b->dp : 1;
   double wg = 2.0 * weights, moments = 2.0 * (double)m->numel * sizeof(float) / shards;
-  double need = wg + moments + (double)acts;
+  double need = wg + (double)copies + moments + (double)acts;
   if (need <= b->avail) return ZT_OK;
   char fit[320] = "";
   size_t n = 0;
-  double per_sample = (double)acts / micro_batch, fixed = wg + moments;
+  double per_sample = (double)acts / micro_batch, fixed = wg + (double)copies + moments;
   long long mb = fixed < b->avail ? (long long)((b->avail - fixed) / per_sample) : 0;
   if (mb >= 1 && mb < micro_batch)
     n += (size_t)snprintf(fit + n, sizeof fit - n, "train.micro_batch = %lld would fit; ", mb);
@@ -208,14 +212,16 @@ static int refuse_unless_fits(const zt_model *m, const zt_model_cfg *cfg, size_t
                           "parallel.zero = 1 would split the moments over the %d data-parallel "
                           "ranks (%.2f GiB instead of %.2f); ", b->dp, moments / b->dp / gib,
                           moments / gib);
+  char cp[64] = "";
+  if (copies) snprintf(cp, sizeof cp, "16-bit weight copies %.2f GiB, ", (double)copies / gib);
   snprintf(fit + n, sizeof fit - n, "%s", b->zero < 3 && b->dp > 1
                ? "a higher ZeRO stage or more ranks (tp, pp) share the rest"
                : "more ranks (tp, pp, or dp with ZeRO) share the weights and moments");
   return zt_err_set(e, ZT_EINPUT,
                     "the model does not fit in memory: it needs %.2f GiB per rank (weights and "
-                    "gradients %.2f GiB, AdamW moments %.2f GiB, activations for micro_batch %d: "
-                    "%.2f GiB) but %.2f GiB is available (%s); %s",
-                    need / gib, wg / gib, moments / gib, micro_batch, (double)acts / gib,
+                    "gradients %.2f GiB, %sAdamW moments %.2f GiB, activations for micro_batch "
+                    "%d: %.2f GiB) but %.2f GiB is available (%s); %s",
+                    need / gib, wg / gib, cp, moments / gib, micro_batch, (double)acts / gib,
                     b->avail / gib, b->source, fit);
 }
 
@@ -226,6 +232,7 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
   if (rc) return rc;
   m->tp = tp;
   m->be = be;
+  m->dt = cfg->precision;
   int N = micro_batch * cfg->seq;
   m->sp = cfg->sequence_parallel && m->tp_size > 1;
   m->Ns = m->sp ? N / m->tp_size : N;
@@ -252,27 +259,34 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
   int tied_copy = chunks_ok && cfg->tied && m->chunks[m->n_chunks - 1].head &&
                   !m->chunks[0].embed;
   size_t tied_bytes = tied_copy ? (size_t)m->params[m->embed_tok].t.numel * sizeof(float) : 0;
+  /* 16-bit runs compute with a rounded copy of the weights (and of a tied one) */
+  size_t x = zt_dtype_size(m->dt), copies = 0;
+  if (m->dt != ZT_F32) copies = ((size_t)m->numel + tied_bytes / sizeof(float)) * x;
   carver cv = {0};
   if (chunks_ok) carve_all(m, &cv);
   size_t wbytes = (size_t)m->numel * sizeof(float);
   if (chunks_ok && cfg->mem.avail > 0) {
-    rc = refuse_unless_fits(m, cfg, wbytes + tied_bytes, cv.used, micro_batch, e);
+    rc = refuse_unless_fits(m, cfg, wbytes + tied_bytes, copies, cv.used, micro_batch, e);
     if (rc) {
       zt_model_free(m);
       return rc;
     }
   }
-  m->w = be->alloc(wbytes ? wbytes : 1);
-  m->g = be->alloc(wbytes ? wbytes : 1);
-  m->arena = be->alloc(cv.used);
+  m->w = be->alloc(ZT_MEM_DEVICE, wbytes ? wbytes : 1);
+  m->g = be->alloc(ZT_MEM_DEVICE, wbytes ? wbytes : 1);
+  m->arena = be->alloc(ZT_MEM_DEVICE, cv.used);
+  m->stream = be->stream_new();
+  m->wc = m->dt == ZT_F32 ? m->w : be->alloc(ZT_MEM_DEVICE, (size_t)(m->numel ? m->numel : 1) * x);
   if (tied_copy) {
-    m->tied_w = be->alloc(tied_bytes);
-    m->tied_g = be->alloc(tied_bytes);
+    m->tied_w = be->alloc(ZT_MEM_DEVICE, tied_bytes);
+    m->tied_g = be->alloc(ZT_MEM_DEVICE, tied_bytes);
+    m->tied_wc = m->dt == ZT_F32 ? m->tied_w
+                                 : be->alloc(ZT_MEM_DEVICE, tied_bytes / sizeof(float) * x);
   }
-  if (!chunks_ok || !m->host_losses || !m->w || !m->g || !m->arena ||
-      (tied_copy && (!m->tied_w || !m->tied_g)) || (m->kv_rep > 1 && !m->kv) ||
+  if (!chunks_ok || !m->host_losses || !m->w || !m->g || !m->arena || !m->stream || !m->wc ||
+      (tied_copy && (!m->tied_w || !m->tied_g || !m->tied_wc)) || (m->kv_rep > 1 && !m->kv) ||
       (m->sp && (!m->sp_counts || !m->sp_displs))) {
-    double gib = (2.0 * (wbytes + tied_bytes) + cv.used) / (1 << 30);
+    double gib = (2.0 * (wbytes + tied_bytes) + copies + cv.used) / (1 << 30);
     zt_model_free(m);
     return zt_err_set(e, ZT_EINPUT,
                       "out of memory: the model needs %.2f GiB on backend %s "
@@ -285,7 +299,7 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
   cv = (carver){.base = (char *)m->arena};
   carve_all(m, &cv);
   for (int u = 0; u < m->n_units; u++) {
-    m->unit_w[u] = m->w + m->unit_start[u];
+    m->unit_w[u] = (char *)m->wc + (size_t)m->unit_start[u] * x;
     m->unit_g[u] = m->g + m->unit_start[u];
   }
   if (cfg->arch == ZT_ARCH_LLAMA) upload_rope(m);
@@ -294,11 +308,14 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
 
 void zt_model_free(zt_model *m) {
   if (m->be) {
-    m->be->free(m->w);
-    m->be->free(m->g);
-    m->be->free(m->arena);
-    m->be->free(m->tied_w);
-    m->be->free(m->tied_g);
+    m->be->free(ZT_MEM_DEVICE, m->w);
+    m->be->free(ZT_MEM_DEVICE, m->g);
+    m->be->free(ZT_MEM_DEVICE, m->arena);
+    m->be->free(ZT_MEM_DEVICE, m->tied_w);
+    m->be->free(ZT_MEM_DEVICE, m->tied_g);
+    if (m->wc != m->w) m->be->free(ZT_MEM_DEVICE, m->wc);
+    if (m->tied_wc != m->tied_w) m->be->free(ZT_MEM_DEVICE, m->tied_wc);
+    if (m->stream) m->be->stream_free(m->stream);
   }
   for (int c = 0; m->chunks && c < m->n_chunks; c++) {
     for (int s = 0; m->chunks[c].slots && s < m->chunks[c].n_slots; s++) {
@@ -340,9 +357,17 @@ static void head_hooks(zt_model *m, zt_phase ph, int start) {
   if (hu != fin) (start ? before : after)(m, hu, ph);
 }
 
-float *zt_model_input(zt_model *m, int c, int s) { return m->chunks[c].slots[s].res[0]; }
+void *zt_model_input(zt_model *m, int c, int s) { return m->chunks[c].slots[s].res[0]; }
 
-const float *zt_model_output(const zt_model *m, int c, int s) {
+void zt_model_sync_weights(zt_model *m) {
+  if (m->dt == ZT_F32) return;
+  if (m->w) m->be->convert(m->stream, m->dt, m->wc, ZT_F32, m->w, (size_t)m->numel);
+  if (m->tied_w)
+    m->be->convert(m->stream, m->dt, m->tied_wc, ZT_F32, m->tied_w,
+                   (size_t)m->params[m->embed_tok].t.numel);
+}
+
+const void *zt_model_output(const zt_model *m, int c, int s) {
   const zt_chunk *k = &m->chunks[c];
   return k->slots[s].res[k->last - k->first + 1];
 }
@@ -354,7 +379,8 @@ double zt_model_fwd(zt_model *m, int c, int s, const int32_t *tokens,
   size_t N = (size_t)m->B * m->cfg.seq;
   int nb = k->last - k->first + 1;
   if (k->embed) {
-    m->be->upload(sl->tokens, tokens, N * sizeof *tokens);
+    m->be->copy(m->stream, sl->tokens, tokens, N * sizeof *tokens);
+    m->be->stream_sync(m->stream); /* the caller fills tokens again */
     before(m, 0, ZT_PHASE_FWD);
     zt_layers_embed_fwd(m, sl);
     after(m, 0, ZT_PHASE_FWD);
@@ -366,7 +392,8 @@ double zt_model_fwd(zt_model *m, int c, int s, const int32_t *tokens,
     after(m, l + 1, ZT_PHASE_FWD);
   }
   if (!k->head) return 0;
-  m->be->upload(sl->targets, targets, N * sizeof *targets);
+  m->be->copy(m->stream, sl->targets, targets, N * sizeof *targets);
+  m->be->stream_sync(m->stream);
   head_hooks(m, ZT_PHASE_FWD, 1);
   double sum = zt_layers_head_fwd(m, sl, nb, dscale);
   head_hooks(m, ZT_PHASE_FWD, 0);
@@ -391,9 +418,10 @@ void zt_model_bwd(zt_model *m, int c, int s, int input_only) {
     after(m, l + 1, ph);
   }
   if (!k->embed) return;
-  const float *dy = zt_layers_rows_all(m, m->dres);
+  const void *dy = zt_layers_rows_all(m, m->dres);
   if (input_only) { /* the embedding has only a weight gradient: all of it is W's */
-    m->be->copy(sl->dy_embed, dy, (size_t)m->B * m->cfg.seq * m->cfg.dim);
+    m->be->copy(m->stream, sl->dy_embed, dy,
+                (size_t)m->B * m->cfg.seq * m->cfg.dim * zt_dtype_size(m->dt));
     return;
   }
   before(m, 0, ph);

@@ -46,6 +46,10 @@ typedef struct zt_model_cfg {
    * or one flag per block; a flagged block keeps only its input and runs
    * its forward again in backward. Not owned: outlives the model. */
   const unsigned char *recompute;
+  /* Mixed precision (train.precision): the dtype of activations and of the
+   * weights the passes compute with (ZT_F32: 0, the default); weights are
+   * kept and updated in fp32 (w), gradients are fp32. */
+  zt_dtype precision;
   zt_mem_budget mem; /* what zt_model_init may allocate; not what the model is */
 } zt_model_cfg;
 
@@ -66,10 +70,11 @@ typedef struct zt_block_params {
   int norm2_w, norm2_b, fc_w, fc_b, down_w, down_b;
 } zt_block_params;
 
-/* Saved activations of one block for one micro-batch. */
+/* Saved activations of one block for one micro-batch: tensors in the
+ * model's dtype (void *), statistics in fp32. */
 typedef struct zt_block_acts {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse /* [B, heads, T] */, *mid;
-  float *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+  void *ln1, *qkv, *att, *mid, *ln2, *fc, *act;
+  float *ln1_mean, *ln1_rstd, *lse /* [B, heads, T] */, *ln2_mean, *ln2_rstd;
 } zt_block_acts;
 
 /* Split backward (zero-bubble schedules): what B, which computes only the
@@ -78,20 +83,23 @@ typedef struct zt_block_acts {
  * whose gradient arrives through the residual stream) and the norms'
  * weight gradients, which come out of the norm's backward anyway. */
 typedef struct zt_block_saved {
-  float *dy_down, *dfc, *dy_out, *dqkv, *dnorm /* [4, C] */;
+  void *dy_down, *dfc, *dy_out, *dqkv;
+  float *dnorm /* [4, C] */;
 } zt_block_saved;
 
 /* The activations of one micro-batch through one chunk of blocks.
  * res[i] is the input of the chunk's i-th block ([Ns, C]), res[nb] its
  * output; res[0] is where a pipeline stage receives its input. */
 typedef struct zt_slot {
-  float **res;
+  void **res;
   zt_block_acts *acts;
   zt_block_saved *saved;               /* split backward only */
-  float *lnf, *lnf_mean, *lnf_rstd;    /* head chunk: final norm */
-  float *logits, *losses;              /* head chunk: logits, then dlogits */
+  void *lnf;                           /* head chunk: final norm */
+  float *lnf_mean, *lnf_rstd;
+  void *logits;                        /* head chunk: logits, then dlogits */
+  float *losses;
   float *dnorm_final;                  /* head chunk, split: final norm's gradients [2, C] */
-  float *dy_embed;                     /* embedding chunk, split: [N, C] */
+  void *dy_embed;                      /* embedding chunk, split: [N, C] */
   int32_t *tokens, *targets;
 } zt_slot;
 
@@ -172,10 +180,15 @@ typedef struct zt_model {
   int fc_rows, hidden; /* rows of the local fused first MLP weight; local MLP width */
   int vocab_start, vocab_local; /* embedding / head rows held here */
 
+  zt_stream *stream; /* the passes' work, in order (kernels.h) */
+  zt_dtype dt;       /* activations and the weights computed with */
+
   int n_params;
   zt_param *params; /* every tensor of the model; .here: held by this rank */
   int64_t numel;   /* elements in this rank's flat parameter buffer */
-  float *w, *g;    /* device: parameters, gradients (same layout) */
+  float *w, *g;    /* device: parameters, gradients (same layout), fp32 */
+  void *wc;        /* the weights computed with, in dt: w itself in fp32,
+                      else a 16-bit copy (zt_model_sync_weights) */
   int embed_tok, embed_pos, final_w, final_b, head; /* indices, -1 if absent */
   zt_block_params *blocks;
 
@@ -183,8 +196,8 @@ typedef struct zt_model {
   int *param_unit;          /* unit of each parameter */
   int64_t *unit_start;      /* first element of each unit in the flat buffer */
   int64_t *unit_numel;
-  float **unit_w, **unit_g; /* where each unit's weights / grads are now;
-                               by default inside w and g */
+  void **unit_w;            /* where each unit's compute weights (dt) are now */
+  float **unit_g;           /* and its gradients; by default inside wc and g */
   zt_model_hooks hooks;     /* optional; NULL functions = no calls */
 
   /* pipeline: this rank's chunks; a tied head on a stage without the
@@ -193,12 +206,13 @@ typedef struct zt_model {
   int n_chunks, split;
   zt_chunk *chunks;
   float *tied_w, *tied_g;
+  void *tied_wc; /* tied_w in dt (tied_w itself in fp32) */
 
   /* device activations (in the chunks' slots) and scratch */
   float *arena;
   zt_block_acts racts; /* the activations recomputed blocks share (in arena) */
   float *xent_stats; /* [3N] for the vocab-parallel loss (kernels.h) */
-  float *dres, *dln, *datt, *dqkv, *dfc, *dact;
+  void *dres, *dln, *datt, *dqkv, *dfc, *dact; /* dt */
   float *dkv_w; /* kv_rep > 1: [2*hd, C] k, v weight gradient of one block */
   float *dnorm; /* sp: [4, C] a unit's partial norm gradients */
   size_t act_bytes; /* the arena: every slot's activations and a pass's scratch */
@@ -275,8 +289,12 @@ double zt_model_fwd(zt_model *m, int c, int s, const int32_t *tokens,
  * zt_model_wgrad, which must then run before the slot is reused. */
 void zt_model_bwd(zt_model *m, int c, int s, int input_only);
 void zt_model_wgrad(zt_model *m, int c, int s);
-float *zt_model_input(zt_model *m, int c, int s);
-const float *zt_model_output(const zt_model *m, int c, int s);
+void *zt_model_input(zt_model *m, int c, int s);
+const void *zt_model_output(const zt_model *m, int c, int s);
+
+/* The compute weights (wc, tied_wc) made equal to the fp32 weights w
+ * (tied_w), rounded: after every update and load. Nothing in fp32. */
+void zt_model_sync_weights(zt_model *m);
 
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */

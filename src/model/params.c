@@ -304,7 +304,8 @@ int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e) {
       int64_t hi = lo + INIT_CHUNK < p->t.numel ? lo + INIT_CHUNK : p->t.numel;
       init_chunk(p, keys[i], all.r ? all.r + first_run[i] : NULL, first_run[i + 1] - first_run[i],
                  lo, hi, buf);
-      m->be->upload(m->w + p->t.offset + lo, buf, (size_t)(hi - lo) * sizeof *buf);
+      m->be->copy(m->stream, m->w + p->t.offset + lo, buf, (size_t)(hi - lo) * sizeof *buf);
+      m->be->stream_sync(m->stream); /* buf is filled again next */
     }
   }
   free(all.r);

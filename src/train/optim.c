@@ -24,14 +24,13 @@ double zt_lr_at(const zt_lr *s, int64_t step) {
     body                                                                    \
   }
 
-double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any) {
-  double s = 0;
-  if (!count_any) return 0;
+void zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any,
+                    zt_step_sums *sums) {
+  if (!count_any) return;
   FOR_EACH_PIECE(m, r, t, a, n, {
     if (zt_shard_counts_here(t, m->tp_rank, m->tp_size))
-      s += m->be->sumsq(r->g + a, (size_t)n);
+      m->be->sumsq(m->stream, sums, r->g + a, (size_t)n);
   })
-  return s;
 }
 
 double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale) {
@@ -45,8 +44,8 @@ double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale) 
   return norm;
 }
 
-double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
-                       const zt_optim_range *r, int64_t t, float gscale, int *first_bad) {
+double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
+                       int64_t t, float gscale, zt_step_sums *sums) {
   double lr = zt_lr_at(&c->lr, t - 1);
   zt_adamw_args args = {
       .b1 = (float)c->beta1, .c1 = (float)(1 - c->beta1),
@@ -55,27 +54,33 @@ double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
       .step = (float)(lr / (1 - pow(c->beta1, (double)t))),
       .bc2_sqrt = (float)sqrt(1 - pow(c->beta2, (double)t)),
       .gscale = gscale};
-  *first_bad = -1;
   FOR_EACH_PIECE(m, r, tensor, a, n, {
     args.decay = (float)(1 - lr * (tensor->ndim >= 2 ? c->weight_decay : 0));
-    if (m->be->adamw(r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args) &&
-        *first_bad < 0)
-      *first_bad = i_;
+    m->be->adamw(m->stream, r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args, sums,
+                 NULL, ZT_F32);
   })
   return lr;
 }
 
-/* sumsq of a piece is finite exactly when its elements are: a float
- * squared is below 1.2e77, so no sum of them overflows a double. */
-int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r) {
+/* Whether x[n] holds a non-finite element: counted on the device, read back. */
+static int any_nonfinite(const zt_model *m, const float *x, size_t n, zt_step_sums *scratch) {
+  zt_step_sums h = {0};
+  m->be->memzero(m->stream, scratch, sizeof *scratch);
+  m->be->count_nonfinite(m->stream, scratch, x, n);
+  m->be->copy(m->stream, &h, scratch, sizeof h);
+  m->be->stream_sync(m->stream);
+  return h.nonfinite > 0;
+}
+
+int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r, zt_step_sums *scratch) {
   int np = m->n_params;
   FOR_EACH_PIECE(m, r, t, a, n, {
     (void)t;
-    if (!isfinite(m->be->sumsq(r->w + a, (size_t)n))) return i_;
+    if (any_nonfinite(m, r->w + a, (size_t)n, scratch)) return i_;
   })
   FOR_EACH_PIECE(m, r, t, a, n, {
     (void)t;
-    if (!isfinite(m->be->sumsq(r->g + a, (size_t)n))) return np + i_;
+    if (any_nonfinite(m, r->g + a, (size_t)n, scratch)) return np + i_;
   })
   return 2 * np;
 }
@@ -93,7 +98,8 @@ int zt_optim_test_poison(const zt_model *m, const zt_optim_range *r, int count_a
   })
   if (found >= 0) {
     float nan = NAN;
-    m->be->upload(r->g + at, &nan, sizeof nan);
+    m->be->copy(m->stream, r->g + at, &nan, sizeof nan);
+    m->be->stream_sync(m->stream);
   }
   return found;
 }

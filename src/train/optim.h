@@ -38,12 +38,15 @@ typedef struct zt_optim_range {
   float *w, *g, *m, *v;
 } zt_optim_range;
 
-/* Sum of squared gradients over the range, counting each logical element
+/* The step's reductions run on the device into a zt_step_sums in device
+ * memory (kernels.h), which the caller reads back once.
+ * sums->sumsq += the squared gradients over the range, counting each logical element
  * once across the grid: a piece held by several TP ranks (a whole tensor,
  * a replicated kv head) counts only on its designated holder
  * (zt_shard_counts_here), and the caller passes count_any = 0 on ranks
  * whose range duplicates another's (data parallelism without sharding). */
-double zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any);
+void zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any,
+                    zt_step_sums *sums);
 
 /* Clipping by the global norm sqrt(global_sumsq), as clip_grad_norm_:
  * returns the norm and sets *gscale to the coefficient the gradients are
@@ -54,16 +57,17 @@ double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale);
 /* One AdamW update of the range at step `t` (1-based, after this update:
  * the count of applied updates, which skipped steps do not advance);
  * returns the LR used. Weight decay applies to tensors of two or more
- * dimensions only. *first_bad: the parameter-table index of the first
- * tensor with a weight that this update left non-finite, or -1. */
-double zt_optim_update(const zt_optim_cfg *c, const zt_model *m,
-                       const zt_optim_range *r, int64_t t, float gscale, int *first_bad);
+ * dimensions only. sums->nonfinite += the weights this update left
+ * non-finite (zt_optim_first_nonfinite then says where). */
+double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
+                       int64_t t, float gscale, zt_step_sums *sums);
 
 /* Where the range first holds a non-finite value, in parameter-table
  * order, weights before gradients: i for a weight of tensor i,
  * n_params + i for its gradient, 2 * n_params for none. A scan over the
- * range that only a failing step pays for. */
-int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r);
+ * range, reading back a count per tensor (scratch: device memory), that
+ * only a failing step pays for. */
+int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r, zt_step_sums *scratch);
 
 /* Test hook: sets one gradient element of the last tensor piece in the
  * range that counts towards the norm (as zt_optim_sumsq counts) to NaN;

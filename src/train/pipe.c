@@ -96,7 +96,7 @@ int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_
     ok = p->free_slot[c] != NULL;
   }
   for (int i = 0; ok && i < p->window; i++)
-    ok = (p->rbuf[i] = m->be->alloc(p->msg * sizeof(float))) != NULL;
+    ok = (p->rbuf[i] = m->be->alloc(ZT_MEM_DEVICE, p->msg * zt_dtype_size(m->dt))) != NULL;
   ok = ok && grow_sends(p) == 0; /* the first send buffer: later ones as needed */
   if (!ok) {
     zt_pipe_free(p);
@@ -107,8 +107,8 @@ int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_
 
 void zt_pipe_free(zt_pipe *p) {
   if (!p->m) return;
-  for (int i = 0; p->rbuf && i < p->window; i++) p->m->be->free(p->rbuf[i]);
-  for (int i = 0; i < p->n_sends; i++) p->m->be->free(p->sends[i].buf);
+  for (int i = 0; p->rbuf && i < p->window; i++) p->m->be->free(ZT_MEM_DEVICE, p->rbuf[i]);
+  for (int i = 0; i < p->n_sends; i++) p->m->be->free(ZT_MEM_DEVICE, p->sends[i].buf);
   for (int c = 0; p->free_slot && c < p->chunks; c++) free(p->free_slot[c]);
   free(p->free_slot);
   free(p->n_free);
@@ -146,7 +146,7 @@ static void post_recv(zt_pipe *p, const zt_action *a, int i) {
   p->rbusy[k] = 1;
   p->recv_of[i] = k;
   int f = a->op == ZT_ACT_F, v = vstage(p, a->chunk);
-  zt_comm_irecv(p->pp, p->rbuf[k], p->msg, ZT_F32, f ? prev_rank(p) : next_rank(p),
+  zt_comm_irecv(p->pp, p->rbuf[k], p->msg, p->m->dt, f ? prev_rank(p) : next_rank(p),
                 tag(p, !f, v, a->mb), &p->rreq[k]);
 }
 
@@ -165,7 +165,7 @@ static void post_ahead(zt_pipe *p, const zt_action *list, int n, int *next) {
 static void take_recv(zt_pipe *p, int i, float *dst) {
   int k = p->recv_of[i];
   zt_comm_wait_idle(&p->rreq[k]);
-  p->m->be->copy(dst, p->rbuf[k], p->msg);
+  p->m->be->copy(p->m->stream, dst, p->rbuf[k], p->msg * zt_dtype_size(p->m->dt));
   p->rbusy[k] = 0;
 }
 
@@ -179,7 +179,7 @@ static void reap_sends(zt_pipe *p) {
 static int grow_sends(zt_pipe *p) {
   zt_pipe_send *more = realloc(p->sends, (size_t)(p->n_sends + 1) * sizeof *more);
   if (more) p->sends = more;
-  float *buf = more ? p->m->be->alloc(p->msg * sizeof(float)) : NULL;
+  void *buf = more ? p->m->be->alloc(ZT_MEM_DEVICE, p->msg * zt_dtype_size(p->m->dt)) : NULL;
   if (!buf) return 1;
   p->sends[p->n_sends++] = (zt_pipe_send){.buf = buf};
   return 0;
@@ -197,9 +197,10 @@ static void send(zt_pipe *p, const float *x, int peer, int t) {
       if (p->sends[i].req.seq < p->sends[k].req.seq) k = i;
     zt_comm_wait_idle(&p->sends[k].req);
   }
-  p->m->be->copy(p->sends[k].buf, x, p->msg);
+  p->m->be->copy(p->m->stream, p->sends[k].buf, x, p->msg * zt_dtype_size(p->m->dt));
+  p->m->be->stream_sync(p->m->stream); /* MPI reads it from here on */
   p->sends[k].busy = 1;
-  zt_comm_isend(p->pp, p->sends[k].buf, p->msg, ZT_F32, peer, t, &p->sends[k].req);
+  zt_comm_isend(p->pp, p->sends[k].buf, p->msg, p->m->dt, peer, t, &p->sends[k].req);
 }
 
 /* ---- actions --------------------------------------------------------------- */

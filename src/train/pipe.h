@@ -25,7 +25,7 @@ typedef void (*zt_pipe_fill)(void *ctx, int mb, int32_t *inputs, int32_t *target
 typedef void (*zt_pipe_before)(void *ctx);
 
 typedef struct zt_pipe_send {
-  float *buf;
+  void *buf;
   zt_req req;
   int busy;
 } zt_pipe_send;
@@ -46,7 +46,7 @@ typedef struct zt_pipe {
   int *n_free;
   /* receives: window of buffers, one per posted receive */
   int window;
-  float **rbuf;
+  void **rbuf;
   zt_req *rreq;
   int *rbusy;
   int *recv_of; /* per list position: receive buffer, -1 */

@@ -147,18 +147,22 @@ double zt_report_measure_peak_gflops(const zt_backend *be) {
    * the first call also wakes the thread pool, so it does not count. */
   const int n = 1536;
   size_t bytes = (size_t)n * n * sizeof(float);
-  float *a = be->alloc(bytes), *b = be->alloc(bytes), *c = be->alloc(bytes);
+  float *a = be->alloc(ZT_MEM_DEVICE, bytes), *b = be->alloc(ZT_MEM_DEVICE, bytes);
+  float *c = be->alloc(ZT_MEM_DEVICE, bytes);
+  zt_stream *s = be->stream_new();
   double best = 0;
-  if (a && b && c)
+  if (a && b && c && s)
     for (int i = 0; i < 4; i++) {
       double t0 = zt_timer_now();
-      be->gemm(0, 1, n, n, n, 1, a, n, b, n, 0, c, n);
+      be->gemm(s, ZT_F32, ZT_F32, 0, 1, n, n, n, 1, a, n, b, n, 0, c, n);
+      be->stream_sync(s);
       double dt = zt_timer_now() - t0;
       if (i > 0 && dt > 0 && 2.0 * n * n * n / dt > best) best = 2.0 * n * n * n / dt;
     }
-  be->free(a);
-  be->free(b);
-  be->free(c);
+  be->free(ZT_MEM_DEVICE, a);
+  be->free(ZT_MEM_DEVICE, b);
+  be->free(ZT_MEM_DEVICE, c);
+  if (s) be->stream_free(s);
   return best / 1e9;
 }
 

@@ -16,6 +16,7 @@ _Static_assert(ZT_PHASE_FWD == (int)ZT_ZERO_FWD && ZT_PHASE_BWD == (int)ZT_ZERO_
                "zt_phase and zt_zero_pass differ");
 
 static void hook_before(void *ctx, zt_model *m, int unit, zt_phase ph) {
+  /* unit_w holds the compute weights, of the model's dtype */
   zt_zero_before(ctx, unit, (zt_zero_pass)ph, &m->unit_w[unit], &m->unit_g[unit]);
 }
 
@@ -38,7 +39,7 @@ static int tied_init(zt_trainer *t, zt_err *e) {
   zt_comm_bcast(&g->embed_comm, &first_numel, 1, ZT_I64, 0);
   t->tied_counts = malloc((size_t)g->dp * sizeof *t->tied_counts);
   t->tied_displs = malloc((size_t)g->dp * sizeof *t->tied_displs);
-  t->tied_part = m->be->alloc((size_t)t->tied_n * sizeof(float));
+  t->tied_part = m->be->alloc(ZT_MEM_DEVICE, (size_t)t->tied_n * sizeof(float));
   if (!t->tied_counts || !t->tied_displs || !t->tied_part)
     return zt_err_set(e, ZT_ERUNTIME, "out of memory for the tied embedding");
   for (int r = 0; r < g->dp; r++) {
@@ -116,21 +117,24 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   zt_zero_units units = {
       .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
       .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
-  int rc = zt_zero_init(&t->zero, zero, m->be, &grid->dp_comm, m->numel, &units, m->w,
+  int rc = zt_zero_init(&t->zero, zero, m->be, m->stream, &grid->dp_comm, m->numel, &units, m->w,
                         m->g, e);
   free(group); /* the engine keeps a copy */
   if (rc) return rc;
+  if (m->wc != m->w) zt_zero_set_compute(&t->zero, m->wc, m->dt);
   /* State the engine shards away is freed here: that is the point of ZeRO. */
   if (zero->stage >= 2) {
-    m->be->free(m->g);
+    m->be->free(ZT_MEM_DEVICE, m->g);
     m->g = NULL;
   }
   if (zero->stage >= 3) {
     zt_zero_shard_weights(&t->zero);
-    m->be->free(m->w);
+    m->be->free(ZT_MEM_DEVICE, m->w);
     m->w = NULL;
+    m->wc = NULL; /* fp32 only at stage 3: it was w */
   }
   m->hooks = (zt_model_hooks){.ctx = &t->zero, .before = hook_before, .after = hook_after};
+  t->wc_stale = 1; /* whatever init or a load leaves in w, rounded at the first pass */
 
   size_t n = (size_t)cfg->micro_batch * m->cfg.seq;
   t->inputs = malloc(n * sizeof *t->inputs);
@@ -145,6 +149,8 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
     if (rc) return rc;
   }
   zt_scaler_init(&t->scaler, &cfg->loss_scale);
+  t->sums = m->be->alloc(ZT_MEM_DEVICE, sizeof *t->sums);
+  if (!t->sums) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
   const char *nan_at = getenv("ZT_TEST_NAN_AT_STEP"); /* test hook: STEP[-LAST][:RANK] */
   if (nan_at) {
     char *end;
@@ -162,7 +168,8 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
 
 void zt_trainer_free(zt_trainer *t) {
   if (t->model) t->model->hooks = (zt_model_hooks){0};
-  if (t->tied_part) t->model->be->free(t->tied_part);
+  if (t->tied_part) t->model->be->free(ZT_MEM_DEVICE, t->tied_part);
+  if (t->sums) t->model->be->free(ZT_MEM_DEVICE, t->sums);
   free(t->tied_counts);
   free(t->tied_displs);
   if (t->piped) zt_pipe_free(&t->pipe);
@@ -193,8 +200,12 @@ static void before_action(void *ctx) { zt_zero_microbatch_begin(&((batch_ctx *)c
  * sum of their per-token losses (0 on ranks without the loss). */
 static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, float dscale) {
   batch_ctx b = {t, ld, k};
+  if (t->piped) tied_refresh(t);
+  if (t->wc_stale) { /* 16-bit runs: the weights computed with, from the fp32 ones */
+    zt_model_sync_weights(t->model);
+    t->wc_stale = 0;
+  }
   if (t->piped) {
-    tied_refresh(t);
     return zt_pipe_run(&t->pipe, !backward, dscale, fill, before_action, &b);
   }
   double loss = 0;
@@ -252,7 +263,7 @@ static void bubbles(zt_trainer *t, zt_step_stats *st) {
 static void find_nonfinite(zt_trainer *t, const zt_optim_range *r, zt_step_stats *st) {
   const zt_model *m = t->model;
   int np = m->n_params;
-  double key = -(double)zt_optim_first_nonfinite(m, r); /* the minimum, as a maximum */
+  double key = -(double)zt_optim_first_nonfinite(m, r, t->sums); /* the minimum, as a maximum */
   zt_comm_allreduce(&t->grid->world, &key, 1, ZT_F64, ZT_MAX);
   int first = (int)-key;
   if (first < np)
@@ -275,7 +286,7 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   int64_t tokens = (int64_t)c->global_batch * m->cfg.seq;
 
   zt_zero_grads_begin(&t->zero);
-  if (m->tied_g) m->be->zero(m->tied_g, (size_t)t->tied_n);
+  if (m->tied_g) m->be->memzero(m->stream, m->tied_g, (size_t)t->tied_n * sizeof(float));
   /* a power-of-two scale multiplies every gradient exactly (until one
    * overflows): the unscaled run's gradients times the scale, bit for bit */
   double scale = t->scaler.scale;
@@ -300,7 +311,12 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
    * pipeline stage has one), gradients by their owner (all DP ranks hold
    * all of them at stage 0: rank 0 counts; the stages hold disjoint
    * tensors). */
-  double sums[2] = {g->tp_rank == 0 ? loss : 0, zt_optim_sumsq(m, &r, count_any)};
+  zt_step_sums dev;
+  m->be->memzero(m->stream, t->sums, sizeof *t->sums);
+  zt_optim_sumsq(m, &r, count_any, t->sums);
+  m->be->copy(m->stream, &dev, t->sums, sizeof dev); /* the step's one read-back */
+  m->be->stream_sync(m->stream);
+  double sums[2] = {g->tp_rank == 0 ? loss : 0, dev.sumsq};
   zt_comm_allreduce(&g->world, sums, 2, ZT_F64, ZT_SUM);
   /* Every rank holds the same sums, so every rank decides alike. A skipped
    * step still advances t: the next step takes the next global batch. */
@@ -340,11 +356,14 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     float gscale;
     st->grad_norm = zt_optim_clip(&c->optim, sums[1] / (scale * scale), &gscale);
     gscale = (float)(gscale / scale);
-    int first;
-    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, &first);
+    m->be->memzero(m->stream, t->sums, sizeof *t->sums);
+    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums);
+    m->be->copy(m->stream, &dev, t->sums, sizeof dev);
+    m->be->stream_sync(m->stream);
     /* Finite gradients can still make non-finite weights (a huge learning
      * rate); they must stop the run before any checkpoint holds them. */
-    double key = -(first >= 0 ? first : m->n_params);
+    int first = dev.nonfinite ? zt_optim_first_nonfinite(m, &r, t->sums) : m->n_params;
+    double key = -(first < m->n_params ? first : m->n_params);
     zt_comm_allreduce(&g->world, &key, 1, ZT_F64, ZT_MAX);
     if ((int)-key < m->n_params)
       rc = zt_err_set(e, ZT_ERUNTIME,
@@ -353,6 +372,7 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
                       (long long)t->t, m->params[(int)-key].t.name, st->lr, st->grad_norm);
     zt_zero_params_sync(&t->zero);
     t->tied_stale = 1;
+    t->wc_stale = 1;
   }
   zt_trace_slice("compute", "optimizer", NULL, t_opt, zt_timer_now(), NULL, 0, NULL, 0);
   st->bad_run = t->bad_run;

@@ -31,6 +31,7 @@ typedef struct zt_train_cfg {
   double peak_gflops; /* for MFU; 0 = measure at start */
   int max_bad_steps;  /* non-finite steps in a row that stop the run */
   zt_scaler_cfg loss_scale;
+  zt_dtype precision; /* of activations and the weights computed with (model.precision) */
 } zt_train_cfg;
 
 typedef struct zt_step_stats {
@@ -68,6 +69,7 @@ typedef struct zt_trainer {
                        the LR schedule count the t - skipped updates */
   int64_t bad_run;  /* bad steps in a row, up to the last step */
   zt_scaler scaler; /* loss scaling (train.loss_scale); a checkpoint keeps it */
+  zt_step_sums *sums; /* device: the step's reductions, read back once */
   int64_t nan_step, nan_last; /* test hook ZT_TEST_NAN_AT_STEP=STEP[-LAST][:RANK] */
   int nan_rank;
   zt_loader train, val;
@@ -81,6 +83,7 @@ typedef struct zt_trainer {
   /* tied embedding over pipeline ends: 1 on the first stage (it owns the
    * tensor), 2 on the last (it holds the copy m->tied_w); 0 elsewhere */
   int tied_end, tied_stale;
+  int wc_stale; /* the model's compute weights lag its fp32 ones (zt_model_sync_weights) */
   int64_t tied_n;                 /* elements of this TP rank's embed.tokens */
   int *tied_counts, *tied_displs; /* what each dp rank of the first stage owns of it */
   float *tied_part;

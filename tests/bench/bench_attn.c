@@ -49,10 +49,11 @@ int main(int argc, char **argv) {
   const zt_backend *be = zt_backend_cpu();
   size_t N = (size_t)B * T, rs = (size_t)(H + 2 * KVH) * hd, os = (size_t)H * hd;
   size_t saved = (size_t)B * H * T; /* lse */
-  float *qkv = be->alloc(N * rs * sizeof(float)), *dqkv = be->alloc(N * rs * sizeof(float));
-  float *out = be->alloc(N * os * sizeof(float)), *dout = be->alloc(N * os * sizeof(float));
-  float *lse = be->alloc(saved * sizeof(float));
-  if (!qkv || !dqkv || !out || !dout || !lse) {
+  float *qkv = be->alloc(ZT_MEM_DEVICE, N * rs * sizeof(float)), *dqkv = be->alloc(ZT_MEM_DEVICE, N * rs * sizeof(float));
+  float *out = be->alloc(ZT_MEM_DEVICE, N * os * sizeof(float)), *dout = be->alloc(ZT_MEM_DEVICE, N * os * sizeof(float));
+  float *lse = be->alloc(ZT_MEM_DEVICE, saved * sizeof(float));
+  zt_stream *st = be->stream_new();
+  if (!qkv || !dqkv || !out || !dout || !lse || !st) {
     fprintf(stderr, "bench_attn: out of memory\n");
     return 1;
   }
@@ -63,9 +64,9 @@ int main(int argc, char **argv) {
   double fwd[100], bwd[100];
   for (int r = -1; r < repeats; r++) {
     double t0 = zt_timer_now();
-    be->attn_fwd(out, lse, qkv, B, T, H, KVH, hd);
+    be->attn_fwd(st, ZT_F32, out, lse, qkv, B, T, H, KVH, hd);
     double t1 = zt_timer_now();
-    be->attn_bwd(dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
+    be->attn_bwd(st, ZT_F32, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
     double t2 = zt_timer_now();
     if (r >= 0) fwd[r] = t1 - t0, bwd[r] = t2 - t1;
   }
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
   double mf = median(fwd, repeats), mb = median(bwd, repeats);
   printf("\"fwd_median\": %.6f, \"bwd_median\": %.6f, \"saved_bytes\": %zu}\n", mf, mb,
          saved * sizeof(float));
-  be->free(qkv), be->free(dqkv), be->free(out), be->free(dout), be->free(lse);
+  be->free(ZT_MEM_DEVICE, qkv), be->free(ZT_MEM_DEVICE, dqkv), be->free(ZT_MEM_DEVICE, out), be->free(ZT_MEM_DEVICE, dout), be->free(ZT_MEM_DEVICE, lse);
+  be->stream_free(st);
   return 0;
 }

@@ -20,6 +20,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "src/core/rng.h"
+#include "tests/unit/pool.h"
 
 /* h = 1e-5 balances truncation (h^2 f''' ~ 1e-10) against cancellation
  * (1e-16 |L| / h ~ 1e-10); double-precision agreement is then ~1e-9, so
@@ -28,22 +29,6 @@
 #define FD_TOL 1e-6
 /* Forward values against naive loops: only rounding differs. */
 #define FWD_TOL 1e-12
-
-/* Every buffer of a test goes into this pool and is freed by teardown, so a
- * failing assertion (which longjmps out) leaks nothing. */
-static void *pool[128];
-static int npool;
-
-static void *keep(void *p) {
-  assert_non_null(p);
-  assert_true(npool < (int)(sizeof pool / sizeof *pool));
-  return pool[npool++] = p;
-}
-static int free_pool(void **state) {
-  (void)state;
-  while (npool) free(pool[--npool]);
-  return 0;
-}
 static double *zeros(size_t n) { return keep(calloc(n, sizeof(double))); }
 static double *randn(size_t n, const char *stream, double mean, double sd) {
   double *x = zeros(n);

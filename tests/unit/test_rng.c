@@ -362,7 +362,8 @@ static void test_init_any_threads_any_cut(void **state) {
       m.be = be;
       m.params = params;
       m.n_params = np;
-      m.w = be->alloc((size_t)off * sizeof(float));
+      m.stream = be->stream_new();
+      m.w = be->alloc(ZT_MEM_DEVICE, (size_t)off * sizeof(float));
       assert_non_null(m.w);
       omp_set_num_threads(threads[th]);
       zt_err e;
@@ -383,10 +384,11 @@ static void test_init_any_threads_any_cut(void **state) {
         }
       } else {
         assert_memory_equal(m.w, first, (size_t)off * sizeof(float));
-        be->free(m.w);
+        be->free(ZT_MEM_DEVICE, m.w);
       }
+      be->stream_free(m.stream);
     }
-    be->free(first);
+    be->free(ZT_MEM_DEVICE, first);
   }
 }
 

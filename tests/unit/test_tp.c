@@ -49,7 +49,8 @@ static int rank, failures;
 static float *fetch(const zt_model *m, const float *dev, int64_t n) {
   float *h = malloc((size_t)n * sizeof *h);
   if (!h) abort();
-  m->be->download(h, dev, (size_t)n * sizeof *h);
+  m->be->copy(m->stream, h, dev, (size_t)n * sizeof *h);
+  m->be->stream_sync(m->stream);
   return h;
 }
 
