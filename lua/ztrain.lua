@@ -295,6 +295,7 @@ local specs = {
     recompute = { recompute_value, default = "none" },
     loss_scale = { loss_scale_value }, -- default: "dynamic" in fp16, else 1
     precision = { oneof("fp32", "bf16", "fp16"), default = "fp32" },
+    grad_reduce_dtype = { oneof("fp32", "bf16", "fp16"), default = "fp32" },
   },
   data = {
     train = { str, required = true },

@@ -25,6 +25,15 @@ static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *fro
 
 static int group_of(const zt_zero *z, int u) { return z->u.group ? z->u.group[u] : 0; }
 
+/* 16 bits of the reduce dtype, or 0 in fp32 */
+static int half_reduce(const zt_zero *z) { return z->cfg.reduce_dtype != ZT_F32; }
+
+static void *alloc_h(zt_zero *z, int64_t n, int64_t *account) {
+  void *p = z->be->alloc(ZT_MEM_DEVICE, (size_t)(n > 0 ? n : 1) * 2);
+  if (p) *account += n * 2;
+  return p;
+}
+
 static float *alloc_f(zt_zero *z, int64_t n, int64_t *account) {
   float *p = z->be->alloc(ZT_MEM_DEVICE, (size_t)(n > 0 ? n : 1) * sizeof(float));
   if (p) *account += n * (int64_t)sizeof(float);
@@ -118,7 +127,17 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
     for (int i = 0; ok && i < GRAD_BUFFERS; i++)
       ok = (z->bufs[i] = alloc_f(z, z->buf_elems, &z->buffer_bytes)) &&
            (z->recv[i] = alloc_f(z, z->recv_elems, &z->buffer_bytes));
+    if (ok && half_reduce(z)) {
+      z->hbufs = calloc(GRAD_BUFFERS, sizeof *z->hbufs);
+      z->hrecv = calloc(GRAD_BUFFERS, sizeof *z->hrecv);
+      ok = z->hbufs && z->hrecv;
+      for (int i = 0; ok && i < GRAD_BUFFERS; i++)
+        ok = (z->hbufs[i] = alloc_h(z, z->buf_elems, &z->buffer_bytes)) &&
+             (z->hrecv[i] = alloc_h(z, z->recv_elems, &z->buffer_bytes));
+    }
   }
+  if (ok && stage < 2 && half_reduce(z))
+    ok = (z->hfull = alloc_h(z, numel, &z->buffer_bytes)) != NULL;
   if (ok && stage >= 3) {
     int n = units->n;
     for (int u = 0; u < n; u++)
@@ -167,6 +186,11 @@ void zt_zero_free(zt_zero *z) {
     z->be->free(ZT_MEM_DEVICE, z->recv[i]);
   }
   for (int i = 0; z->gbufs && i < z->n_gbufs; i++) z->be->free(ZT_MEM_DEVICE, z->gbufs[i]);
+  for (int i = 0; z->hbufs && i < z->n_bufs; i++) z->be->free(ZT_MEM_DEVICE, z->hbufs[i]);
+  for (int i = 0; z->hrecv && i < z->n_bufs; i++) z->be->free(ZT_MEM_DEVICE, z->hrecv[i]);
+  free(z->hbufs);
+  free(z->hrecv);
+  if (z->hfull) z->be->free(ZT_MEM_DEVICE, z->hfull);
   for (int i = 0; z->buckets && i < z->n_buckets; i++) free(z->buckets[i].counts);
   free(z->buckets);
   free(z->bucket_of);
@@ -199,6 +223,9 @@ void zt_zero_shard_weights(zt_zero *z) {
 static void finish_bucket(zt_zero *z, zt_bucket *b) {
   zt_comm_wait(&b->req);
   int64_t from, n = owned(z, z->dp->rank, b->lo, b->hi, &from);
+  if (n && half_reduce(z))
+    z->be->convert(z->stream, ZT_F32, z->recv[b->buf], z->cfg.reduce_dtype, z->hrecv[b->buf],
+                   (size_t)n);
   if (n) z->be->add(z->stream, ZT_F32, z->g_shard + (from - z->lo), z->recv[b->buf], (size_t)n);
   z->buf_busy[b->buf] = 0;
   b->buf = -1;
@@ -249,8 +276,16 @@ static void close_grads(zt_zero *z, int unit) {
   zt_bucket *b = &z->buckets[z->bucket_of[unit]];
   if (--b->pending > 0) return;
   b->open = 0;
-  zt_comm_ireduce_scatter(z->dp, z->bufs[b->buf], z->recv[b->buf], b->counts, ZT_F32, ZT_SUM,
-                          &b->req);
+  if (half_reduce(z)) {
+    zt_dtype t = z->cfg.reduce_dtype;
+    z->be->convert(z->stream, t, z->hbufs[b->buf], ZT_F32, z->bufs[b->buf], (size_t)(b->hi - b->lo));
+    z->be->stream_sync(z->stream); /* MPI reads it */
+    zt_comm_ireduce_scatter(z->dp, z->hbufs[b->buf], z->hrecv[b->buf], b->counts, t, ZT_SUM,
+                            &b->req);
+  } else {
+    zt_comm_ireduce_scatter(z->dp, z->bufs[b->buf], z->recv[b->buf], b->counts, ZT_F32, ZT_SUM,
+                            &b->req);
+  }
   b->in_flight = 1;
   if (!z->cfg.overlap) finish_bucket(z, b);
 }
@@ -375,13 +410,29 @@ void zt_zero_grads_begin(zt_zero *z) {
 void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
   switch (z->cfg.stage) {
     case 0:
-      zt_comm_allreduce(z->dp, z->g_full, (size_t)z->numel, ZT_F32, ZT_SUM);
+      if (half_reduce(z)) {
+        zt_dtype t = z->cfg.reduce_dtype;
+        z->be->convert(z->stream, t, z->hfull, ZT_F32, z->g_full, (size_t)z->numel);
+        z->be->stream_sync(z->stream);
+        zt_comm_allreduce(z->dp, z->hfull, (size_t)z->numel, t, ZT_SUM);
+        z->be->convert(z->stream, ZT_F32, z->g_full, t, z->hfull, (size_t)z->numel);
+      } else {
+        zt_comm_allreduce(z->dp, z->g_full, (size_t)z->numel, ZT_F32, ZT_SUM);
+      }
       *w = z->w_full;
       *g = z->g_full;
       return;
     case 1:
       /* in place: this rank's part lands at the start of g_full */
-      zt_comm_reduce_scatter(z->dp, z->g_full, z->g_full, z->counts, ZT_F32, ZT_SUM);
+      if (half_reduce(z)) {
+        zt_dtype t = z->cfg.reduce_dtype;
+        z->be->convert(z->stream, t, z->hfull, ZT_F32, z->g_full, (size_t)z->numel);
+        z->be->stream_sync(z->stream);
+        zt_comm_reduce_scatter(z->dp, z->hfull, z->hfull, z->counts, t, ZT_SUM);
+        z->be->convert(z->stream, ZT_F32, z->g_full, t, z->hfull, (size_t)z->counts[z->dp->rank]);
+      } else {
+        zt_comm_reduce_scatter(z->dp, z->g_full, z->g_full, z->counts, ZT_F32, ZT_SUM);
+      }
       *w = z->w_full + z->lo;
       *g = z->g_full;
       return;

@@ -29,6 +29,10 @@ typedef struct zt_zero_cfg {
   int stage;
   int64_t bucket_bytes; /* stage >= 2: gradient bucket size */
   int overlap;          /* stage >= 2: reduce while backward goes on */
+  /* The dtype gradients are summed in over dp (ZT_F32, the default, or
+   * ZT_BF16 / ZT_F16: half the bytes, each partial sum rounded to 16 bits);
+   * they are accumulated and kept in fp32 either way. */
+  zt_dtype reduce_dtype;
 } zt_zero_cfg;
 
 typedef struct zt_zero_units {
@@ -73,6 +77,8 @@ typedef struct zt_zero {
   float **bufs, **recv;
   int *buf_busy;
   int64_t buf_elems, recv_elems;
+  void **hbufs, **hrecv; /* 16-bit reduce: the buckets converted, sent and received */
+  void *hfull;           /* 16-bit reduce at stage < 2: the gradients converted */
   int *bwd_uses_left; /* per unit, this micro-batch */
 
   /* stage 3: gathered units */

@@ -15,7 +15,7 @@
 struct zt_stream { int unused; };
 struct zt_event { int unused; };
 
-static int cpu_has_dtype(zt_dtype t) { return t == ZT_F32; }
+static int cpu_has_dtype(zt_dtype t) { return t == ZT_F32 || t == ZT_BF16 || t == ZT_F16; }
 
 static void *cpu_alloc(zt_mem_kind kind, size_t bytes) {
   (void)kind;
@@ -51,15 +51,23 @@ static void cpu_event_sync(zt_event *e) { (void)e; }
 
 /* ---- ops: the dtype picks the instantiation --------------------------- */
 
-/* fn of the instantiation whose storage type is t (fp32 only so far) */
-#define PICK(t, fn, ...) ((void)(t), zt_cpu_f32_##fn(__VA_ARGS__))
+/* fn of the instantiation whose storage type is t (the pointers are void *:
+ * each instantiation's own element type, as kernels.h's contract says) */
+#define PICK(t, fn, ...)                                  \
+  do {                                                    \
+    if ((t) == ZT_BF16) zt_cpu_bf16_##fn(__VA_ARGS__);    \
+    else if ((t) == ZT_F16) zt_cpu_f16_##fn(__VA_ARGS__); \
+    else zt_cpu_f32_##fn(__VA_ARGS__);                    \
+  } while (0)
 
 static void cpu_gemm(zt_stream *s, zt_dtype t, zt_dtype tc, int ta, int tb, int m, int n, int k,
                      float alpha, const void *a, int lda, const void *b, int ldb, float beta,
                      void *c, int ldc) {
   (void)s;
-  (void)tc;
-  PICK(t, gemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (tc == t)
+    PICK(t, gemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else /* a 16-bit product into an fp32 C: a weight gradient */
+    PICK(t, gemm_acc, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static void cpu_embed_fwd(zt_stream *s, zt_dtype t, void *out, const int32_t *tok,
@@ -220,8 +228,12 @@ static void cpu_count_nonfinite(zt_stream *s, zt_step_sums *sums, const float *x
 static void cpu_adamw(zt_stream *s, float *p, const float *g, float *m, float *v, size_t n,
                       const zt_adamw_args *a, zt_step_sums *sums, void *p16, zt_dtype t16) {
   (void)s;
-  sums->nonfinite += zt_cpu_f32_adamw(p, g, m, v, n, a);
-  if (p16) cpu_convert(s, t16, p16, ZT_F32, p, n);
+  /* the new weights rounded to 16 bits in the same pass, when asked */
+  size_t bad = !p16            ? zt_cpu_f32_adamw(p, g, m, v, n, a)
+               : t16 == ZT_BF16 ? zt_cpu_bf16_adamw_p16(p, g, m, v, n, a, p16)
+               : t16 == ZT_F16  ? zt_cpu_f16_adamw_p16(p, g, m, v, n, a, p16)
+                                : zt_cpu_f32_adamw_p16(p, g, m, v, n, a, p16);
+  sums->nonfinite += bad;
 }
 
 static const zt_backend cpu = {

@@ -314,6 +314,18 @@ static void print_state(const char *state) {
   json_decref(s);
 }
 
+/* The precision the run trained in, from the plan: only the values ztrain
+ * writes are printed (the file is not trusted to hold printable text). */
+static void print_precision(const char *plan) {
+  json_t *p = plan ? json_loads(plan, 0, NULL) : NULL;
+  const char *v = json_string_value(json_object_get(json_object_get(p, "train"), "precision"));
+  if (v && (!strcmp(v, "bf16") || !strcmp(v, "fp16")))
+    printf("precision: trained in %s; the tensors are its fp32 weights and moments\n", v);
+  else if (v && !strcmp(v, "fp32"))
+    printf("precision: trained in fp32\n");
+  json_decref(p);
+}
+
 static void print_header(const zt_ckpt_file *cf, const zt_ckpt_record *rec) {
   const zt_model_cfg *cfg = &rec->cfg;
   printf("checkpoint %s: ztrain-checkpoint format version %lld, step %lld\n", cf->path,
@@ -332,6 +344,7 @@ static void print_header(const zt_ckpt_file *cf, const zt_ckpt_record *rec) {
   else
     printf("written by: world %d = dp %d x tp %d x pp %d, zero %d%s\n", tp->world, tp->dp, tp->tp,
            tp->pp, tp->zero, tp->from_plan ? " (the plan's; version 1 records no topology)" : "");
+  print_precision(cf->plan);
   print_state(cf->state);
   if (cf->script) printf("script: %zu bytes recorded\n", strlen(cf->script));
 }

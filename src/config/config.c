@@ -330,6 +330,9 @@ static void read_train(lua_State *L, zt_train_cfg *t) {
   char *prec = dupstr(L, "precision");
   t->precision = !strcmp(prec, "bf16") ? ZT_BF16 : !strcmp(prec, "fp16") ? ZT_F16 : ZT_F32;
   free(prec);
+  prec = dupstr(L, "grad_reduce_dtype");
+  t->grad_reduce = !strcmp(prec, "bf16") ? ZT_BF16 : !strcmp(prec, "fp16") ? ZT_F16 : ZT_F32;
+  free(prec);
   lua_getfield(L, -1, "loss_scale");
   zt_scaler_cfg *ls = &t->loss_scale;
   ls->dynamic = boolean(L, "dynamic");
@@ -550,6 +553,8 @@ static char *plan_json(const zt_plan *p) {
   json_object_set_new(json_object_get(root, "train"), "recompute", rc);
   json_object_set_new(json_object_get(root, "train"), "precision",
                       json_string(precision_name(t->precision)));
+  json_object_set_new(json_object_get(root, "train"), "grad_reduce_dtype",
+                      json_string(precision_name(t->grad_reduce)));
   const zt_scaler_cfg *ls = &t->loss_scale;
   json_object_set_new(json_object_get(root, "train"), "loss_scale",
                       ls->dynamic ? json_pack("{s:i, s:I, s:i, s:f, s:b}", "initial_scale_power",
@@ -641,6 +646,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     p->ckpt.async = boolean(L, "async");
     lua_getfield(L, -5, "parallel");
     rc = read_parallel(L, &p->parallel, world_size, e);
+    p->parallel.zero.reduce_dtype = p->train.grad_reduce;
     lua_pop(L, 5);
   }
   if (!rc && p->train.precision != ZT_F32 && p->parallel.zero.stage == 3)

@@ -32,6 +32,7 @@ typedef struct zt_train_cfg {
   int max_bad_steps;  /* non-finite steps in a row that stop the run */
   zt_scaler_cfg loss_scale;
   zt_dtype precision; /* of activations and the weights computed with (model.precision) */
+  zt_dtype grad_reduce; /* gradients summed over dp in this (zero.reduce_dtype) */
 } zt_train_cfg;
 
 typedef struct zt_step_stats {

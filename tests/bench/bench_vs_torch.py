@@ -7,13 +7,16 @@
                       [--json PATH]
 
 A benchmark, not a test: it asserts nothing and is not registered with ctest.
-Every side trains the same model in fp32 with AdamW (weight decay 0.1 on
+Every side trains the same model (in fp32 unless the side says bf16) with AdamW (weight decay 0.1 on
 matrices, betas 0.9/0.95, lr 3e-4), grad clipping at 1.0 and global_batch =
 micro_batch (no accumulation), on random tokens, with 2 threads. Sides:
 
   ztrain          the binary as a user runs it: no OPENBLAS_CORETYPE set
                   (it is removed from the environment), so ztrain picks its
                   GEMM kernels itself
+  ztrain_bf16     the same with train.precision = "bf16": activations and the
+                  weights computed with in bf16, fp32 weights, gradients and
+                  AdamW (docs/script.md)
   ztrain_openblas the float GEMMs on OpenBLAS instead of oneDNN: its kernels
                   that ztrain picked (named in OPENBLAS_CORETYPE, which
                   keeps the GEMMs on OpenBLAS)
@@ -24,7 +27,9 @@ micro_batch (no accumulation), on random tokens, with 2 threads. Sides:
                   when nothing corrects it (a user's variable is respected)
   eager           PyTorch (--torch-python, a 2.x from PyPI) with its
                   strongest eager settings: SDPA attention, fused AdamW
-  compile         the same plus torch.compile of the model
+  autocast        eager under torch.autocast("cpu", torch.bfloat16): PyTorch's
+                  bf16 mixed precision (fp32 weights, gradients, AdamW)
+  compile         the same as eager plus torch.compile of the model
   torch113        Debian's python3-torch 1.13 (--python), plain attention
                   and AdamW: the earlier reference
 
@@ -58,7 +63,8 @@ SHAPES = {
     "llama": dict(model="llama", vocab=8192, seq=128, dim=256, layers=4, heads=4, kv_heads=2,
                   ffn_dim=768, micro_batch=8),
 }
-SIDES = ["ztrain", "ztrain_openblas", "ztrain_sim", "ztrain_prescott", "eager", "compile", "torch113"]
+SIDES = ["ztrain", "ztrain_bf16", "ztrain_openblas", "ztrain_sim", "ztrain_prescott", "eager",
+         "autocast", "compile", "torch113"]
 
 THREADS = 2
 # A step of the 124M model with Prescott kernels takes ~5 s, compiling it
@@ -69,7 +75,8 @@ ZTRAIN_SCRIPT = """\
 local zt = require "ztrain"
 model = zt.{model}{{{model_args}}}
 train = {{micro_batch={micro_batch}, global_batch={micro_batch}, steps={steps},
-         lr=3e-4, weight_decay=0.1, betas={{0.9, 0.95}}, clip=1.0, log_every={steps}}}
+         lr=3e-4, weight_decay=0.1, betas={{0.9, 0.95}}, clip=1.0, log_every={steps},
+         precision="{precision}"}}
 data = {{train="{data}", shuffle=false}}
 """
 
@@ -141,6 +148,7 @@ def run_ztrain(side, ztrain, shape, steps, warmup, data, workdir):
     metrics = os.path.join(workdir, "metrics.jsonl")
     with open(script, "w") as f:
         f.write(ZTRAIN_SCRIPT.format(steps=steps + warmup, data=data, model_args=model_args(shape),
+                                     precision="bf16" if side == "ztrain_bf16" else "fp32",
                                      **shape))
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -174,8 +182,10 @@ def run_torch(side, args, shape, steps, warmup):
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(THREADS)]
     if shape["model"] == "llama":
         cmd += ["--kv-heads", str(shape["kv_heads"]), "--ffn-dim", str(shape["ffn_dim"])]
-    if side in ("eager", "compile"):
+    if side in ("eager", "autocast", "compile"):
         cmd += ["--sdpa", "--fused-adamw"]
+    if side == "autocast":
+        cmd += ["--autocast"]
     if side == "compile":
         cmd += ["--compile"]
     # PASSIVE: spinning OpenMP workers would steal the only other core.
@@ -231,6 +241,9 @@ def markdown(results, sides):
     head = ["shape"] + [f"{s} tok/s" for s in sides]
     for z in zsides:
         head += [f"{z} / {t}" for t in tsides]
+    both = "ztrain" in zsides and "ztrain_bf16" in zsides
+    if both:
+        head += ["ztrain_bf16 / ztrain"]
     if "ztrain" in zsides:
         head += ["ztrain MFU"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
@@ -239,6 +252,8 @@ def markdown(results, sides):
         row = [r["shape"]] + [f"{sd[s]['tokens_per_s']:.0f}" for s in sides]
         for z in zsides:
             row += [f"{sd[z]['tokens_per_s'] / sd[t]['tokens_per_s']:.2f}" for t in tsides]
+        if both:
+            row += [f"{sd['ztrain_bf16']['tokens_per_s'] / sd['ztrain']['tokens_per_s']:.2f}"]
         if "ztrain" in zsides:
             mfu = sd["ztrain"].get("mfu")
             row += [f"{100 * mfu:.1f}%" if mfu else "?"]

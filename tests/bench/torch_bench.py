@@ -31,11 +31,13 @@ import ztorch  # noqa: E402
 
 
 def time_steps(model, opt, vocab, B, T, warmup, steps, step_model=None, generator=None,
-               before_step=None):
+               before_step=None, autocast=False):
     """Trains warmup + steps steps on random tokens; the ms of the last
     `steps`. A step is forward, cross-entropy, backward,
     clip_grad_norm_(1.0), the optimizer and zero_grad; the batch is drawn
-    (and before_step runs) outside the timed region."""
+    (and before_step runs) outside the timed region. autocast: forward and
+    loss under torch.autocast("cpu", torch.bfloat16), PyTorch's own mixed
+    precision (weights, gradients and AdamW stay fp32)."""
     step_model = step_model or model
     ms_all = []
     for i in range(warmup + steps):
@@ -44,8 +46,9 @@ def time_steps(model, opt, vocab, B, T, warmup, steps, step_model=None, generato
         if before_step:
             before_step()
         t0 = time.perf_counter()
-        logits = step_model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = step_model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -74,6 +77,7 @@ def main() -> None:
     p.add_argument("--sdpa", action="store_true", help="F.scaled_dot_product_attention")
     p.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--autocast", action="store_true", help="torch.autocast('cpu', torch.bfloat16)")
     args = p.parse_args()
     if args.steps < 1:
         p.error("--steps must be at least 1")
@@ -104,7 +108,8 @@ def main() -> None:
     step_model = torch.compile(model) if args.compile else model
 
     B, T = args.micro_batch, args.seq
-    ms_all = time_steps(model, opt, args.vocab, B, T, args.warmup, args.steps, step_model)
+    ms_all = time_steps(model, opt, args.vocab, B, T, args.warmup, args.steps, step_model,
+                        autocast=args.autocast)
 
     ms_median = statistics.median(ms_all)
     print(json.dumps({

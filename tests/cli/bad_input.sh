@@ -117,6 +117,10 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
     "$(base "train.loss_scale = {hysteresis = 0}")"
   expect 2 "train.loss_scale.initial_scale_power must be an integer from 0 to 100, got 200" "$np" \
     "$(base "train.loss_scale = {initial_scale_power = 200}")"
+  expect 2 'train.precision must be one of "fp32", "bf16", "fp16", got "fp8"' "$np" \
+    "$(base "train.precision = 'fp8'")"
+  expect 2 'train.precision = "bf16" with parallel.zero = 3 is not supported yet' "$np" \
+    "$(base "train.precision = 'bf16'; parallel = {zero = 3}")"
   expect 2 "(-e):1:" "$np" "$(base "")" -e "train.steps = = 3"
   expect 2 "--steps needs a non-negative integer, got 'x'" "$np" "$(base "")" --steps x
 }

@@ -3,8 +3,8 @@
 # at each layout, a run that recomputes ("full", or every second block by a
 # function) ends with the same losses, gradient norms, weights and AdamW
 # moments, bit for bit, as the same layout without it (tests/ref/bitwise.py),
-# while it reports less activation memory. Layouts: one process (gpt and
-# llama), pp 2 with zero-bubble (split backward) and with interleaving,
+# while it reports less activation memory. Layouts: one process (gpt,
+# llama; llama in bf16), pp 2 with zero-bubble (split backward) and with interleaving,
 # tp 2 with sequence parallelism, and dp 2 x pp 2 with ZeRO-3.
 # Usage: recompute.sh ZTRAIN MPIRUN...
 set -eu
@@ -60,6 +60,8 @@ PY
 EVERY2='function(b) return b.index % 2 == 0 end'
 case_ np1_gpt_full gpt 1 "" '"full"'
 case_ np1_llama_every2 llama 1 "" "$EVERY2"
+case_ np1_llama_bf16 llama 1 "train.precision = 'bf16'" '"full"'
+
 case_ pp2_zero_bubble_llama llama 2 "parallel = {pp = 2}; schedule = zt.schedule.zero_bubble{}" '"full"'
 case_ pp2_interleaved_gpt gpt 2 "parallel = {pp = 2}; schedule = zt.schedule.interleaved{chunks = 2}" "$EVERY2"
 case_ tp2_sp_llama llama 2 "parallel = {tp = 2, sequence_parallel = true}" '"full"'
