@@ -275,14 +275,18 @@ class _RoundWeight(torch.autograd.Function):
         return g.to(ctx.master), None
 
 
-def _matmul(a, b, split: bool):
-    """a @ b; with split, the reduction (a's last dimension) cut in two
-    halves whose products are summed after: the same values, another
-    reduction order (used only to measure what such an order changes)."""
-    if not split:
+def _matmul(a, b, parts: int):
+    """a @ b; with parts > 1, the reduction (a's last dimension) cut in that
+    many near-equal pieces whose products are summed after, first to last:
+    the same values, another reduction order (used only to measure what
+    such an order changes)."""
+    if parts <= 1:
         return a @ b
-    h = a.shape[-1] // 2
-    return a[..., :h] @ b[..., :h, :] + a[..., h:] @ b[..., h:, :]
+    cuts = [a.shape[-1] * i // parts for i in range(parts + 1)]
+    out = a[..., cuts[0] : cuts[1]] @ b[..., cuts[0] : cuts[1], :]
+    for lo, hi in zip(cuts[1:-1], cuts[2:]):
+        out = out + a[..., lo:hi] @ b[..., lo:hi, :]
+    return out
 
 
 class _SplitLinear(torch.autograd.Function):
@@ -290,16 +294,17 @@ class _SplitLinear(torch.autograd.Function):
     take the split reduction order of _matmul."""
 
     @staticmethod
-    def forward(ctx, x, w):
+    def forward(ctx, x, w, parts):
+        ctx.parts = parts
         ctx.save_for_backward(x, w)
-        return _matmul(x, w.t(), True)
+        return _matmul(x, w.t(), parts)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        dx = _matmul(g, w, True)
-        dw = _matmul(g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1]), True)
-        return dx, dw
+        dx = _matmul(g, w, ctx.parts)
+        dw = _matmul(g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1]), ctx.parts)
+        return dx, dw, None
 
 
 class _Attention16(torch.autograd.Function):
@@ -338,13 +343,13 @@ class MixedPrecision:
     """train.precision "bf16" or "fp16" for Transformer.forward16.
 
     split_gemms and reverse_micro_batches change only reduction orders (every
-    GEMM's and attention product's reduction cut in two halves; the
+    GEMM's and attention product's reduction cut in that many pieces; the
     micro-batches' weight gradients accumulated last to first), compute =
     float64 the precision of what happens between rounding points: they
     exist to measure how far two equally valid computations drift apart,
     which is what the test's tolerance is derived from (docs/testing.md)."""
 
-    def __init__(self, precision: str, split_gemms: bool = False,
+    def __init__(self, precision: str, split_gemms: int = 1,
                  reverse_micro_batches: bool = False, compute: torch.dtype = torch.float32):
         if precision not in HALF_DTYPES:
             raise ValueError(f"precision {precision!r}: expected one of {sorted(HALF_DTYPES)}")
@@ -382,7 +387,7 @@ class MixedPrecision:
 
     def mm(self, x, w):
         """x @ w^T in fp32, unrounded."""
-        return _SplitLinear.apply(x, w) if self.split else x @ w.t()
+        return _SplitLinear.apply(x, w, self.split) if self.split > 1 else x @ w.t()
 
     def linear(self, x, lin: nn.Linear, res=None):
         """r(res + x @ W^T), then r(. + b) as a separate op."""
