@@ -5,6 +5,8 @@ the ref_torch_bf16/fp16 tests (docs/testing.md). Asserts nothing.
 
     mp_spread.py --init INIT.h5 --precision bf16|fp16 --steps N
                  [--loss-scale JSON] [--only NAME,...] [-v]
+    mp_spread.py --init INIT.h5 --precision bf16|fp16 --steps N
+                 [--loss-scale JSON] --write-run DIR --as NAME
 
 INIT.h5 is a ztrain checkpoint at step 0 (`--steps 0 --save`); its plan is
 used with train.precision (and train.loss_scale) replaced. The PyTorch
@@ -28,9 +30,10 @@ The other computations, first those that change only reduction orders
              product with its reduction cut in two halves summed after
              (ztorch._matmul): the values each 16-bit rounding sees move in
              their last fp32 bits, as between two GEMM kernels
+  split3, split4  the same in three and four pieces
   reverse    the micro-batches' fp32 weight gradients accumulated last to
              first
-  both       the two together
+  both       split and reverse together
   fp64       every op computed in float64 between the same rounding points
              (the weight gradients still summed into fp32): what float32's
              own rounding errors move, which bounds what two float32
@@ -48,14 +51,23 @@ catch):
 
 With a loss scale it also says whether the (loss_scale, skipped) sequences
 agree, and for fp16 the margin of each step's overflow decision.
+
+--write-run DIR --as NAME instead trains computation NAME and writes what a
+ztrain run would (DIR/final.h5, DIR/ck/step_*.h5 after every step,
+DIR/m.jsonl), a stand-in for ztrain to check compare.py with:
+`compare.py --init INIT.h5 --final DIR/final.h5 --metrics DIR/m.jsonl
+--steps-dir DIR/ck ...` must pass for a reduction order and should fail
+for a policy error.
 """
 
 import argparse
 import copy
 import json
 import math
+import os
 import sys
 
+import h5py
 import torch
 
 import compare
@@ -110,9 +122,11 @@ class DFromFp32O(ztorch.MixedPrecision):
 
 
 VARIANTS = {
-    "split": lambda p: ztorch.MixedPrecision(p, split_gemms=True),
+    "split": lambda p: ztorch.MixedPrecision(p, split_gemms=2),
+    "split3": lambda p: ztorch.MixedPrecision(p, split_gemms=3),
+    "split4": lambda p: ztorch.MixedPrecision(p, split_gemms=4),
     "reverse": lambda p: ztorch.MixedPrecision(p, reverse_micro_batches=True),
-    "both": lambda p: ztorch.MixedPrecision(p, split_gemms=True, reverse_micro_batches=True),
+    "both": lambda p: ztorch.MixedPrecision(p, split_gemms=2, reverse_micro_batches=True),
     "fp64": lambda p: ztorch.MixedPrecision(p, compute=torch.float64),
     "fp32": lambda p: None,
     "fp32-grads": Fp32Grads,
@@ -168,6 +182,43 @@ def grads_of(ck, model, opt, b1):
     return compare.step_grads(ck.exp_avg, after, b1)
 
 
+def write_checkpoint(path: str, ck: ztorch.Checkpoint) -> None:
+    """The parts of ztrain's checkpoint format that ztorch.read_checkpoint reads."""
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = ztorch.CHECKPOINT_FORMAT
+        f.attrs["format_version"] = max(ztorch.CHECKPOINT_VERSIONS)
+        f.attrs["plan"] = json.dumps(ck.plan)
+        f.attrs["step"] = ck.step
+        state = {"skipped_steps": ck.skipped}
+        if ck.loss_scaler is not None:
+            state["loss_scaler"] = ck.loss_scaler
+        f.attrs["state"] = json.dumps(state)
+        for group, tensors in (("model", ck.model), ("optim/exp_avg", ck.exp_avg),
+                               ("optim/exp_avg_sq", ck.exp_avg_sq)):
+            for name, value in (tensors or {}).items():
+                f.require_group(group)[name] = value
+
+
+def write_run(init, plan, steps, mp, data, out: str) -> None:
+    plan = copy.deepcopy(plan)
+    plan["train"]["steps"] = steps
+    os.makedirs(os.path.join(out, "ck"), exist_ok=True)
+    model, opt, scaler = make_start(init, plan, mp)
+    skipped = 0
+    with open(os.path.join(out, "m.jsonl"), "w") as metrics:
+        for s in range(steps):
+            r = ztorch.train_step(model, opt, data, plan["train"], s, skipped, mp, scaler)
+            skipped += r.skipped
+            row = {"step": s + 1, "loss": r.loss, "lr": r.lr,
+                   "grad_norm": r.grad_norm if math.isfinite(r.grad_norm) else None}
+            if scaler.dynamic:
+                row.update(loss_scale=r.loss_scale, skipped=r.skipped)
+            metrics.write(json.dumps(row) + "\n")
+            ck = snapshot(model, opt, plan, s + 1, skipped, scaler)
+            write_checkpoint(os.path.join(out, "ck", f"step_{s + 1:08d}.h5"), ck)
+    write_checkpoint(os.path.join(out, "final.h5"), ck)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--init", required=True)
@@ -176,6 +227,8 @@ def main() -> int:
     p.add_argument("--loss-scale", help="train.loss_scale as the plan writes it (JSON); default: the plan's")
     p.add_argument("--only", help="comma-separated names of the computations to measure (default: all)")
     p.add_argument("-v", action="store_true", help="per-step loss differences of whole runs")
+    p.add_argument("--write-run", metavar="DIR", help="write a ztrain-like run of computation --as")
+    p.add_argument("--as", dest="as_", metavar="NAME", choices=sorted(VARIANTS))
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -188,6 +241,11 @@ def main() -> int:
     dim = plan["model"]["dim"]
     b1 = float(plan["train"]["betas"][0])
     names = args.only.split(",") if args.only else list(VARIANTS)
+    if args.write_run:
+        if not args.as_:
+            p.error("--write-run needs --as")
+        write_run(init, plan, args.steps, VARIANTS[args.as_](args.precision), data, args.write_run)
+        return 0
     print(f"{plan['model']['kind']} {args.precision}, {args.steps} steps, "
           f"loss_scale {plan['train'].get('loss_scale')}")
 
