@@ -2,13 +2,13 @@
  * fp16 and every computation in float (mixed precision). */
 #include "kernels/cpu/gemm_path.h"
 #include "kernels/cpu/ops.h"
-#include "src/core/half.h"
+#include "kernels/cpu/f16_simd.h"
 #define REAL float
 #define STORE uint16_t
 #define LD zt_f16_to_f32
 #define ST zt_f16_from_f32
-#define LD_N zt_f16_to_f32_n
-#define ST_N zt_f16_from_f32_n
+#define LD_N zt_f16_to_f32_fast_n
+#define ST_N zt_f16_from_f32_fast_n
 #define FN(name) zt_cpu_f16_##name
 #define GEMM zt_cpu_sgemm /* the f32 build's: gemm_path.h */
 #define EXP zt_expf

@@ -8,18 +8,19 @@
  * The includer defines REAL, FN(name) and GEMM (cblas_sgemm's arguments, on
  * real), and for a 16-bit build also STORE (uint16_t) with LD(x) (store ->
  * real, exact), ST(v) (real -> store, round to nearest even) and LD_N/ST_N,
- * their array versions. Without STORE, store is real and LD/ST are the
- * identity, so the f32 and f64 builds compile to what they were before
- * storage had a type of its own.
+ * their array versions. Without STORE, store is real.
  *
  * What is store and what stays real (kernels.h's contract): activations,
  * the weights an op reads and input gradients are store; norm statistics,
  * attention's lse, losses, cross-entropy stats and every parameter gradient
- * an op accumulates are real. A 16-bit value is read once into real,
- * computed on as the f32 build does and rounded once when written, so each
- * elementwise result is the f32 build's result on the same inputs rounded
- * once; an input gradient accumulated (+=) is widened, added in real and
- * rounded once.
+ * an op accumulates are real. A 16-bit op widens its inputs once (a row,
+ * a chunk, a head, a GEMM panel), computes on them as the f32 build does
+ * and rounds each result once, so every 16-bit output is the f32 build's
+ * output on the same values rounded once, and every real one is the f32
+ * build's; an input gradient accumulated (+=) is widened, added in real
+ * and rounded once. Where store is real, LD, ST and the row helpers below
+ * hand back what they are given, so the f32 and f64 builds compute what
+ * they did before storage had a type of its own.
  *
  * Plain loops with shape comments, OpenMP over rows; reductions over rows
  * (parameter gradients) are split over columns instead, so no two threads
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 typedef REAL real;
 #ifdef STORE
@@ -40,6 +42,8 @@ typedef STORE store;
 typedef REAL store;
 #define LD(x) (x)
 #define ST(v) (v)
+#define LD_N(d, s, n) memcpy(d, s, sizeof(real) * (n))
+#define ST_N(d, s, n) memcpy(d, s, sizeof(real) * (n))
 #endif
 
 /* EXP and TANH come from the includer: libm in the double build (the
@@ -107,7 +111,6 @@ static void FN(narrow)(store *dst, size_t ld, const real *src, int rows, int col
 /* The 16-bit GEMMs' scratch: one buffer per thread, grown as needed and
  * kept between calls (a GPT-2 panel is megabytes, and fresh pages on every
  * call cost their faults every call), freed when its thread ends. */
-#include <threads.h>
 typedef struct { real *p; size_t n; } FN(scratch_t);
 static tss_t FN(scratch_key);
 static once_flag FN(scratch_once) = ONCE_FLAG_INIT;
@@ -145,16 +148,19 @@ static real *FN(gemm_scratch)(size_t n) {
   return s->p;
 }
 
-/* Scratch budget of one 16-bit GEMM, in reals (128 MiB): within it, the
+/* Scratch budget of one 16-bit GEMM, in reals (128 MiB). Within it, the
  * whole of A, B and (for a 16-bit C) C is widened and one float GEMM does
- * the product, the same call on the same values as the float build's, so
+ * the product: the same call on the same values as the float build's, so
  * the result is its result rounded once, bit for bit. Every GEMM of a
  * GPT-2 124M block at 4 x 1024 rows fits (18M reals at the most, the
- * MLP's). Beyond it, op(B)'s columns go in blocks of up to half of it and
- * op(A)'s rows with C's in blocks of the rest; each block's GEMM still
- * sums over all of k in float, but the BLAS may group the sums otherwise
- * for a block than for the whole (oneDNN does), so the last bits may
- * differ from the float build's there. */
+ * MLP's). Beyond it (an LM head), the one of A and B that fits in half of
+ * it is widened whole once and the other goes in blocks of C's columns or
+ * rows; when neither fits (a long k), k goes in blocks, their products
+ * summed into C in float (a 16-bit C kept in real scratch until the last,
+ * so still rounded once), and C's rows in blocks too if C is too large.
+ * Each block's GEMM is a large one (the LM head's are 4096 x 5952 x 768 or
+ * so), but the BLAS may group a block's sums otherwise than the whole's
+ * (oneDNN does), so the last bits may differ from the float build's. */
 #ifndef GEMM16_SCRATCH
 #define GEMM16_SCRATCH ((size_t)32 << 20)
 #endif
@@ -177,37 +183,52 @@ static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const
                           int lda, const store *b, int ldb, real beta, store *c16, real *c32,
                           int ldc) {
   if (m <= 0 || n <= 0) return;
-  size_t K = (size_t)(k > 0 ? k : 0);
-  int nb = zt_gemm16_block(GEMM16_SCRATCH / 2, K, n);
-  if (K * n + (size_t)m * (K + (c16 ? n : 0)) <= GEMM16_SCRATCH) nb = n; /* all in one */
-  size_t per_row = K + (c16 ? (size_t)nb : 0);
-  size_t rest = GEMM16_SCRATCH > K * nb ? GEMM16_SCRATCH - K * nb : 0;
-  int mb = zt_gemm16_block(rest, per_row, m);
-  real *B = FN(gemm_scratch)(K * nb + (size_t)mb * per_row);
-  real *A = B + K * nb, *C = A + (size_t)mb * K;
+  size_t S = GEMM16_SCRATCH, K = (size_t)(k > 0 ? k : 0), M = (size_t)m, Nn = (size_t)n;
+  size_t cc = c16 ? 1 : 0; /* a 16-bit C needs real scratch */
+  int mb = m, nb = n, kb = k > 0 ? k : 1;
+  if (K * Nn + M * K + cc * M * Nn <= S) {
+  } else if (M * K <= S / 2) { /* A whole, C's columns in blocks */
+    nb = zt_gemm16_block(S - M * K, K + cc * M, n);
+  } else if (K * Nn <= S / 2) { /* B whole, C's rows in blocks */
+    mb = zt_gemm16_block(S - K * Nn, K + cc * Nn, m);
+  } else { /* k in blocks, and C's rows when C is large */
+    if (cc * M * Nn > S / 2) mb = zt_gemm16_block(S / 2, Nn, m);
+    kb = zt_gemm16_block(S - cc * (size_t)mb * Nn, (size_t)mb + Nn, k);
+  }
+  real *A = FN(gemm_scratch)((size_t)mb * kb + (size_t)kb * nb + cc * (size_t)mb * nb);
+  real *B = A + (size_t)mb * kb, *C = B + (size_t)kb * nb;
+  int a_i = -1, a_p = -1, b_p = -1, b_j = -1; /* the blocks in scratch */
   for (int j0 = 0; j0 < n; j0 += nb) {
     int nj = n - j0 < nb ? n - j0 : nb;
-    int par = (size_t)nj * K >= GEMM16_PAR, ldbw = tb ? (k > 1 ? k : 1) : nj;
-    /* op(B)[k, nj]: stored [n, k] when transposed, else [k, n] */
-    if (tb) FN(widen)(B, b + (size_t)j0 * ldb, (size_t)ldb, nj, k, par);
-    else FN(widen)(B, b + j0, (size_t)ldb, k, nj, par);
     for (int i0 = 0; i0 < m; i0 += mb) {
-      int mi = m - i0 < mb ? m - i0 : mb, ldaw = ta ? mi : (k > 1 ? k : 1);
-      par = (size_t)mi * K >= GEMM16_PAR;
-      /* op(A)[mi, k]: stored [k, m] when transposed, else [m, k] */
-      if (ta) FN(widen)(A, a + i0, (size_t)lda, k, mi, par);
-      else FN(widen)(A, a + (size_t)i0 * lda, (size_t)lda, mi, k, par);
+      int mi = m - i0 < mb ? m - i0 : mb;
       size_t c0 = (size_t)i0 * ldc + j0;
-      if (c32) {
-        FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, c32 + c0, ldc);
-        continue;
-      }
-      par = (size_t)mi * nj >= GEMM16_PAR;
+      real *Cb = c16 ? C : c32 + c0;
+      int ldcw = c16 ? nj : ldc, par = (size_t)mi * nj >= GEMM16_PAR;
       /* k = 0 too: oneDNN then leaves C as it was where OpenBLAS scales
        * it by beta; whatever the float GEMM does to C, it does here */
-      if (beta != 0 || k <= 0) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
-      FN(rgemm)(ta, tb, mi, nj, k, alpha, A, ldaw, B, ldbw, beta, C, nj);
-      FN(narrow)(c16 + c0, (size_t)ldc, C, mi, nj, par);
+      if (c16 && (beta != 0 || k <= 0)) FN(widen)(C, c16 + c0, (size_t)ldc, mi, nj, par);
+      for (int p0 = 0; p0 == 0 || p0 < k; p0 += kb) {
+        int kp = k - p0 < kb ? k - p0 : kb;
+        kp = kp > 0 ? kp : 0;
+        /* op(A)[mi, kp]: stored [k, m] when transposed, else [m, k] */
+        if (a_i != i0 || a_p != p0) {
+          par = (size_t)mi * kp >= GEMM16_PAR;
+          if (ta) FN(widen)(A, a + (size_t)p0 * lda + i0, (size_t)lda, kp, mi, par);
+          else FN(widen)(A, a + (size_t)i0 * lda + p0, (size_t)lda, mi, kp, par);
+          a_i = i0, a_p = p0;
+        }
+        /* op(B)[kp, nj]: stored [n, k] when transposed, else [k, n] */
+        if (b_p != p0 || b_j != j0) {
+          par = (size_t)kp * nj >= GEMM16_PAR;
+          if (tb) FN(widen)(B, b + (size_t)j0 * ldb + p0, (size_t)ldb, nj, kp, par);
+          else FN(widen)(B, b + (size_t)p0 * ldb + j0, (size_t)ldb, kp, nj, par);
+          b_p = p0, b_j = j0;
+        }
+        int ldaw = ta ? mi : (kp > 1 ? kp : 1), ldbw = tb ? (kp > 1 ? kp : 1) : nj;
+        FN(rgemm)(ta, tb, mi, nj, kp, alpha, A, ldaw, B, ldbw, p0 ? 1 : beta, Cb, ldcw);
+      }
+      if (c16) FN(narrow)(c16 + c0, (size_t)ldc, C, mi, nj, (size_t)mi * nj >= GEMM16_PAR);
     }
   }
 }
@@ -237,7 +258,7 @@ void FN(gemm_acc)(int ta, int tb, int m, int n, int k, real alpha, const store *
  * a vocab-parallel shard otherwise). A token outside that range belongs to
  * another shard: its row is 0 here (plus the position), and the caller's sum
  * over shards adds exactly one token row, so the result is bit-identical to
- * the whole-table lookup. */
+ * the whole-table lookup. One call a step: the scalar LD and ST do. */
 void FN(embed_fwd)(store *out, const int32_t *tok, const store *wte,
                    const store *wpe, int B, int T, int C, int v0, int Vl) {
   /* out[B*T, C] */
@@ -274,47 +295,94 @@ void FN(embed_bwd)(real *dwte, real *dwpe, const int32_t *tok,
   })
 }
 
-/* Sums along a row run on real rows in every build: a vectorised sum over
- * 16-bit loads groups its partial sums otherwise (another vector length)
- * than the same sum over floats, and the 16-bit builds' statistics are to
- * be the float build's bits on the same values. FN(rows)(k, C) gives a
- * thread k rows of C reals (none where store is real); FN(row)(buf, i, x,
- * C) is row x as real: x itself where store is real, else x widened into
- * row i of buf. */
+/* Rows as real. The 16-bit builds widen a row (or a chunk of a flat array)
+ * once into a thread's buffer, compute on it in real and round it back
+ * once (FN(put)); where store is real, these hand back the array itself
+ * and do nothing, so those builds run the loops they always ran. Two
+ * reasons: sums along a row must run on real rows, since a vectorised sum
+ * over 16-bit loads groups its partial sums otherwise (another vector
+ * length) than the same sum over floats, and the 16-bit builds'
+ * statistics are to be the float build's bits on the same values; and
+ * array conversions run at memory speed (F16C's instructions for fp16),
+ * where fp16's scalar LD and ST are an integer emulation.
+ *   FN(rows)(k, C)          a thread's k rows of C reals (none: NULL)
+ *   FN(row)(buf, i, x, C)   x as real, read only (widened into row i)
+ *   FN(rowrw)(buf, i, x, C) x as real, to update (widened into row i)
+ *   FN(rowout)(buf, i, x)   where to compute x (row i; not read)
+ *   FN(put)(x, r, C)        r rounded into x (nothing where r is x) */
+#define ZT_CHUNK 1024 /* elements of a flat array per widened piece */
 #ifdef STORE
-static real *FN(rows)(int k, int C) {
-  real *p = malloc(sizeof(real) * (size_t)k * (size_t)(C > 0 ? C : 1));
+static real *FN(rows)(int k, size_t C) {
+  real *p = malloc(sizeof(real) * (size_t)k * (C ? C : 1));
   if (!p) {
-    fprintf(stderr, "ztrain: no memory for %d rows of %d reals\n", k, C);
+    fprintf(stderr, "ztrain: no memory for %d rows of %zu reals\n", k, C);
     abort();
   }
   return p;
 }
-static inline const real *FN(row)(real *buf, int i, const store *x, int C) {
+static inline real *FN(rowrw)(real *buf, int i, const store *x, size_t C) {
   real *r = buf + (size_t)i * C;
-  LD_N(r, x, (size_t)C);
+  LD_N(r, x, C);
   return r;
 }
+static inline const real *FN(row)(real *buf, int i, const store *x, size_t C) {
+  return FN(rowrw)(buf, i, x, C);
+}
+static inline real *FN(rowout)(real *buf, int i, size_t C, store *x) {
+  (void)x;
+  return buf + (size_t)i * C;
+}
+static inline void FN(put)(store *x, const real *r, size_t C) { ST_N(x, r, C); }
 #else
-static real *FN(rows)(int k, int C) {
+static real *FN(rows)(int k, size_t C) {
   (void)k, (void)C;
   return NULL;
 }
-static inline const real *FN(row)(real *buf, int i, const store *x, int C) {
+static inline real *FN(rowrw)(real *buf, int i, real *x, size_t C) {
   (void)buf, (void)i, (void)C;
   return x;
 }
+static inline const real *FN(row)(real *buf, int i, const real *x, size_t C) {
+  (void)buf, (void)i, (void)C;
+  return x;
+}
+static inline real *FN(rowout)(real *buf, int i, size_t C, real *x) {
+  (void)buf, (void)i, (void)C;
+  return x;
+}
+static inline void FN(put)(real *x, const real *r, size_t C) { (void)x, (void)r, (void)C; }
 #endif
+
+/* The norms' parameter gradients, column-split: dw += dout * xhat with
+ * xhat = (x - mean) rstd, and db += dout (LayerNorm); RMSNorm has no mean
+ * (NULL: x - 0 is x exactly) and no bias (db NULL). */
+static void FN(norm_dw)(real *dw, real *db, const store *dout, const store *x,
+                        const real *mean, const real *rstd, int N, int C) {
+  ZT_COLUMN_SPLIT(C, {
+    real *buf = FN(rows)(2, c1 - c0);
+    for (int n = 0; n < N; n++) {
+      const real *d = FN(row)(buf, 0, dout + (size_t)n * C + c0, c1 - c0);
+      const real *xr = FN(row)(buf, 1, x + (size_t)n * C + c0, c1 - c0);
+      real m = mean ? mean[n] : 0, s = rstd[n];
+      for (int c = c0; c < c1; c++) dw[c] += d[c - c0] * (xr[c - c0] - m) * s;
+      if (db)
+        for (int c = c0; c < c1; c++) db[c] += d[c - c0];
+    }
+    free(buf);
+  })
+}
 
 void FN(layernorm_fwd)(store *out, real *mean, real *rstd, const store *x,
                        const store *w, const store *b, int N, int C, real eps) {
+  real *wb = FN(rows)(2, C);
+  const real *wr = FN(row)(wb, 0, w, C), *br = FN(row)(wb, 1, b, C);
 #pragma omp parallel
   {
-    real *buf = FN(rows)(1, C);
+    real *buf = FN(rows)(2, C);
 #pragma omp for
     for (int n = 0; n < N; n++) {
       const real *xr = FN(row)(buf, 0, x + (size_t)n * C, C);
-      store *o = out + (size_t)n * C;
+      real *o = FN(rowout)(buf, 1, C, out + (size_t)n * C);
       real m = 0, v = 0;
 #pragma omp simd reduction(+ : m)
       for (int c = 0; c < C; c++) m += xr[c];
@@ -323,22 +391,24 @@ void FN(layernorm_fwd)(store *out, real *mean, real *rstd, const store *x,
       for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
       v /= C;
       real s = 1 / sqrt(v + eps);
-      for (int c = 0; c < C; c++) o[c] = ST((xr[c] - m) * s * LD(w[c]) + LD(b[c]));
+      for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * wr[c] + br[c];
+      FN(put)(out + (size_t)n * C, o, C);
       mean[n] = m;
       rstd[n] = s;
     }
     free(buf);
   }
+  free(wb);
 }
 
 void FN(layernorm_bwd)(store *dx, real *dw, real *db, const store *dout,
                        const store *x, const store *w, const real *mean,
                        const real *rstd, int N, int C) {
-  real *wbuf = FN(rows)(1, C);
-  const real *wr = FN(row)(wbuf, 0, w, C);
+  real *wb = FN(rows)(1, C);
+  const real *wr = FN(row)(wb, 0, w, C);
 #pragma omp parallel
   {
-    real *buf = FN(rows)(2, C);
+    real *buf = FN(rows)(3, C);
 #pragma omp for
     for (int n = 0; n < N; n++) {
       const real *d = FN(row)(buf, 0, dout + (size_t)n * C, C);
@@ -353,54 +423,50 @@ void FN(layernorm_bwd)(store *dx, real *dw, real *db, const store *dout,
       }
       g_mean /= C;
       g_norm_mean /= C;
-      store *dxr = dx + (size_t)n * C;
+      real *dxr = FN(rowrw)(buf, 2, dx + (size_t)n * C, C);
       for (int c = 0; c < C; c++) {
         real xhat = (xr[c] - m) * s;
-        dxr[c] = ST(LD(dxr[c]) + (d[c] * wr[c] - g_mean - xhat * g_norm_mean) * s);
+        dxr[c] += (d[c] * wr[c] - g_mean - xhat * g_norm_mean) * s;
       }
+      FN(put)(dx + (size_t)n * C, dxr, C);
     }
     free(buf);
   }
-  free(wbuf);
-  ZT_COLUMN_SPLIT(C, {
-    for (int n = 0; n < N; n++) {
-      const store *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
-      real m = mean[n], s = rstd[n];
-      for (int c = c0; c < c1; c++) {
-        dw[c] += LD(d[c]) * (LD(xr[c]) - m) * s;
-        db[c] += LD(d[c]);
-      }
-    }
-  })
+  free(wb);
+  FN(norm_dw)(dw, db, dout, x, mean, rstd, N, C);
 }
 
 void FN(rmsnorm_fwd)(store *out, real *rstd, const store *x, const store *w,
                      int N, int C, real eps) {
+  real *wb = FN(rows)(1, C);
+  const real *wr = FN(row)(wb, 0, w, C);
 #pragma omp parallel
   {
-    real *buf = FN(rows)(1, C);
+    real *buf = FN(rows)(2, C);
 #pragma omp for
     for (int n = 0; n < N; n++) {
       const real *xr = FN(row)(buf, 0, x + (size_t)n * C, C);
-      store *o = out + (size_t)n * C;
+      real *o = FN(rowout)(buf, 1, C, out + (size_t)n * C);
       real ss = 0;
 #pragma omp simd reduction(+ : ss)
       for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
       real s = 1 / sqrt(ss / C + eps);
-      for (int c = 0; c < C; c++) o[c] = ST(xr[c] * s * LD(w[c]));
+      for (int c = 0; c < C; c++) o[c] = xr[c] * s * wr[c];
+      FN(put)(out + (size_t)n * C, o, C);
       rstd[n] = s;
     }
     free(buf);
   }
+  free(wb);
 }
 
 void FN(rmsnorm_bwd)(store *dx, real *dw, const store *dout, const store *x,
                      const store *w, const real *rstd, int N, int C) {
-  real *wbuf = FN(rows)(1, C);
-  const real *wr = FN(row)(wbuf, 0, w, C);
+  real *wb = FN(rows)(1, C);
+  const real *wr = FN(row)(wb, 0, w, C);
 #pragma omp parallel
   {
-    real *buf = FN(rows)(2, C);
+    real *buf = FN(rows)(3, C);
 #pragma omp for
     for (int n = 0; n < N; n++) {
       const real *d = FN(row)(buf, 0, dout + (size_t)n * C, C);
@@ -409,105 +475,150 @@ void FN(rmsnorm_bwd)(store *dx, real *dw, const store *dout, const store *x,
 #pragma omp simd reduction(+ : dot)
       for (int c = 0; c < C; c++) dot += d[c] * wr[c] * xr[c];
       real k = dot * s * s / C;
-      store *dxr = dx + (size_t)n * C;
-      for (int c = 0; c < C; c++) dxr[c] = ST(LD(dxr[c]) + s * (d[c] * wr[c] - xr[c] * k));
+      real *dxr = FN(rowrw)(buf, 2, dx + (size_t)n * C, C);
+      for (int c = 0; c < C; c++) dxr[c] += s * (d[c] * wr[c] - xr[c] * k);
+      FN(put)(dx + (size_t)n * C, dxr, C);
     }
     free(buf);
   }
-  free(wbuf);
-  ZT_COLUMN_SPLIT(C, {
-    for (int n = 0; n < N; n++) {
-      const store *d = dout + (size_t)n * C, *xr = x + (size_t)n * C;
-      real s = rstd[n];
-      for (int c = c0; c < c1; c++) dw[c] += LD(d[c]) * LD(xr[c]) * s;
-    }
-  })
+  free(wb);
+  FN(norm_dw)(dw, NULL, dout, x, NULL, rstd, N, C);
 }
 
 void FN(bias_fwd)(store *y, const store *b, int N, int C) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    store *yr = y + (size_t)n * C;
-    for (int c = 0; c < C; c++) yr[c] = ST(LD(yr[c]) + LD(b[c]));
+  real *bb = FN(rows)(1, C);
+  const real *br = FN(row)(bb, 0, b, C);
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, C);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      real *yr = FN(rowrw)(buf, 0, y + (size_t)n * C, C);
+      for (int c = 0; c < C; c++) yr[c] += br[c];
+      FN(put)(y + (size_t)n * C, yr, C);
+    }
+    free(buf);
   }
+  free(bb);
 }
 
 void FN(bias_bwd)(real *db, const store *dy, int N, int C) {
   ZT_COLUMN_SPLIT(C, {
+    real *buf = FN(rows)(1, c1 - c0);
     for (int n = 0; n < N; n++) {
-      const store *d = dy + (size_t)n * C;
-      for (int c = c0; c < c1; c++) db[c] += LD(d[c]);
+      const real *d = FN(row)(buf, 0, dy + (size_t)n * C + c0, c1 - c0);
+      for (int c = c0; c < c1; c++) db[c] += d[c - c0];
     }
+    free(buf);
   })
 }
 
 #define GELU_K ((real)0.7978845608028654) /* sqrt(2/pi) */
 
-void FN(gelu_fwd)(store *y, const store *x, size_t n) {
-#pragma omp parallel for
-  for (size_t i = 0; i < n; i++) {
-    real v = LD(x[i]);
-    y[i] = ST((real)0.5 * v * (1 + TANH(GELU_K * (v + (real)0.044715 * v * v * v))));
+/* Flat arrays go in pieces of ZT_CHUNK, each widened once (FN(row)). */
+#define ZT_CHUNKS(n, k, ...)                                   \
+  _Pragma("omp parallel") {                                    \
+    real *buf = FN(rows)(k, ZT_CHUNK);                         \
+    _Pragma("omp for") for (size_t i0 = 0; i0 < (n); i0 += ZT_CHUNK) { \
+      size_t len = (n) - i0 < ZT_CHUNK ? (n) - i0 : ZT_CHUNK;  \
+      __VA_ARGS__                                              \
+    }                                                          \
+    free(buf);                                                 \
   }
+
+void FN(gelu_fwd)(store *y, const store *x, size_t n) {
+  ZT_CHUNKS(n, 2, {
+    const real *xr = FN(row)(buf, 0, x + i0, len);
+    real *yr = FN(rowout)(buf, 1, ZT_CHUNK, y + i0);
+    for (size_t i = 0; i < len; i++) {
+      real v = xr[i];
+      yr[i] = (real)0.5 * v * (1 + TANH(GELU_K * (v + (real)0.044715 * v * v * v)));
+    }
+    FN(put)(y + i0, yr, len);
+  })
 }
 
 void FN(gelu_bwd)(store *dx, const store *x, const store *dy, size_t n) {
-#pragma omp parallel for
-  for (size_t i = 0; i < n; i++) {
-    real v = LD(x[i]);
-    real u = GELU_K * (v + (real)0.044715 * v * v * v);
-    real t = TANH(u);
-    real du = GELU_K * (1 + 3 * (real)0.044715 * v * v);
-    dx[i] = ST(LD(dy[i]) * ((real)0.5 * (1 + t) + (real)0.5 * v * (1 - t * t) * du));
-  }
+  ZT_CHUNKS(n, 3, {
+    const real *xr = FN(row)(buf, 0, x + i0, len), *dyr = FN(row)(buf, 1, dy + i0, len);
+    real *dxr = FN(rowout)(buf, 2, ZT_CHUNK, dx + i0);
+    for (size_t i = 0; i < len; i++) {
+      real v = xr[i];
+      real u = GELU_K * (v + (real)0.044715 * v * v * v);
+      real t = TANH(u);
+      real du = GELU_K * (1 + 3 * (real)0.044715 * v * v);
+      dxr[i] = dyr[i] * ((real)0.5 * (1 + t) + (real)0.5 * v * (1 - t * t) * du);
+    }
+    FN(put)(dx + i0, dxr, len);
+  })
 }
 
 void FN(swiglu_fwd)(store *h, const store *gu, int N, int F) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const store *g = gu + (size_t)n * 2 * F, *u = g + F;
-    store *hr = h + (size_t)n * F;
-    for (int f = 0; f < F; f++) {
-      real gf = LD(g[f]);
-      hr[f] = ST(gf / (1 + EXP(-gf)) * LD(u[f]));
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(3, F);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *g = FN(row)(buf, 0, gu + (size_t)n * 2 * F, F);
+      const real *u = FN(row)(buf, 1, gu + (size_t)n * 2 * F + F, F);
+      real *hr = FN(rowout)(buf, 2, F, h + (size_t)n * F);
+      for (int f = 0; f < F; f++) hr[f] = g[f] / (1 + EXP(-g[f])) * u[f];
+      FN(put)(h + (size_t)n * F, hr, F);
     }
+    free(buf);
   }
 }
 
 void FN(swiglu_bwd)(store *dgu, const store *gu, const store *dh, int N, int F) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const store *g = gu + (size_t)n * 2 * F, *u = g + F;
-    const store *d = dh + (size_t)n * F;
-    store *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
-    for (int f = 0; f < F; f++) {
-      real gf = LD(g[f]), df = LD(d[f]);
-      real sig = 1 / (1 + EXP(-gf));
-      du[f] = ST(df * gf * sig);
-      dg[f] = ST(df * LD(u[f]) * sig * (1 + gf * (1 - sig)));
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(5, F);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *g = FN(row)(buf, 0, gu + (size_t)n * 2 * F, F);
+      const real *u = FN(row)(buf, 1, gu + (size_t)n * 2 * F + F, F);
+      const real *d = FN(row)(buf, 2, dh + (size_t)n * F, F);
+      real *dg = FN(rowout)(buf, 3, F, dgu + (size_t)n * 2 * F);
+      real *du = FN(rowout)(buf, 4, F, dgu + (size_t)n * 2 * F + F);
+      for (int f = 0; f < F; f++) {
+        real sig = 1 / (1 + EXP(-g[f]));
+        du[f] = d[f] * g[f] * sig;
+        dg[f] = d[f] * u[f] * sig * (1 + g[f] * (1 - sig));
+      }
+      FN(put)(dgu + (size_t)n * 2 * F, dg, F);
+      FN(put)(dgu + (size_t)n * 2 * F + F, du, F);
     }
+    free(buf);
   }
 }
 
 /* Rotates pairs (i, i + hd/2) of each of the first nh heads by +angle
- * (dir = 1) or -angle (dir = -1, the transpose, for backward). The cos and
- * sin tables stay real: the model computes them, no activation. */
+ * (dir = 1) or -angle (dir = -1, the transpose, for backward); the rest of
+ * the row is not touched. The cos and sin tables stay real: the model
+ * computes them, no activation. */
 static void FN(rope_apply)(store *x, const real *cs, int N, int T, int nh,
                            int hd, int rs, real dir) {
   int half = hd / 2;
   const real *cosv = cs, *sinv = cs + (size_t)T * half;
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    const real *co = cosv + (size_t)(n % T) * half;
-    const real *si = sinv + (size_t)(n % T) * half;
-    for (int h = 0; h < nh; h++) {
-      store *a = x + (size_t)n * rs + (size_t)h * hd, *b = a + half;
-      for (int i = 0; i < half; i++) {
-        real s = dir * si[i], x0 = LD(a[i]), x1 = LD(b[i]);
-        a[i] = ST(x0 * co[i] - x1 * s);
-        b[i] = ST(x1 * co[i] + x0 * s);
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, (size_t)nh * hd);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      const real *co = cosv + (size_t)(n % T) * half;
+      const real *si = sinv + (size_t)(n % T) * half;
+      real *xr = FN(rowrw)(buf, 0, x + (size_t)n * rs, (size_t)nh * hd);
+      for (int h = 0; h < nh; h++) {
+        real *a = xr + (size_t)h * hd, *b = a + half;
+        for (int i = 0; i < half; i++) {
+          real s = dir * si[i], x0 = a[i], x1 = b[i];
+          a[i] = x0 * co[i] - x1 * s;
+          b[i] = x1 * co[i] + x0 * s;
+        }
       }
+      FN(put)(x + (size_t)n * rs, xr, (size_t)nh * hd);
     }
+    free(buf);
   }
 }
 
@@ -787,16 +898,12 @@ static inline double FN(row_sumexp)(const real *l, real mx, int V) {
   return sum;
 }
 
-/* l = (softmax - onehot) * dscale; t is the target's column here, or
- * outside [0, V) when another shard holds it. The target's value is
- * computed before the row is overwritten, so that it too is rounded once
- * (the same floats as subtracting afterwards where store is real). */
-static inline void FN(row_dlogits)(store *l, real lse, int t, int V, real dscale) {
-  int here = t >= 0 && t < V;
-  real lt = here ? EXP(LD(l[t]) - lse) * dscale - dscale : 0;
+/* l = (softmax - onehot) * dscale, in place on a real row; t is the
+ * target's column here, or outside [0, V) when another shard holds it. */
+static inline void FN(row_dlogits)(real *l, real lse, int t, int V, real dscale) {
 #pragma omp simd
-  for (int v = 0; v < V; v++) l[v] = ST(EXP(LD(l[v]) - lse) * dscale);
-  if (here) l[t] = ST(lt);
+  for (int v = 0; v < V; v++) l[v] = EXP(l[v] - lse) * dscale;
+  if (t >= 0 && t < V) l[t] -= dscale;
 }
 
 void FN(xent_fwd_bwd)(store *logits, real *loss, const int32_t *targets, int N,
@@ -806,12 +913,12 @@ void FN(xent_fwd_bwd)(store *logits, real *loss, const int32_t *targets, int N,
     real *buf = FN(rows)(1, V);
 #pragma omp for
     for (int n = 0; n < N; n++) {
-      store *l = logits + (size_t)n * V;
-      const real *lr = FN(row)(buf, 0, l, V);
-      real mx = FN(row_max)(lr, V);
-      real lse = mx + (real)log(FN(row_sumexp)(lr, mx, V));
-      loss[n] = lse - lr[targets[n]];
+      real *l = FN(rowrw)(buf, 0, logits + (size_t)n * V, V);
+      real mx = FN(row_max)(l, V);
+      real lse = mx + (real)log(FN(row_sumexp)(l, mx, V));
+      loss[n] = lse - l[targets[n]];
       FN(row_dlogits)(l, lse, targets[n], V, dscale);
+      FN(put)(logits + (size_t)n * V, l, V);
     }
     free(buf);
   }
@@ -823,7 +930,8 @@ void FN(xent_max)(real *stats, const store *logits, int N, int V) {
   {
     real *buf = FN(rows)(1, V);
 #pragma omp for
-    for (int n = 0; n < N; n++) stats[n] = FN(row_max)(FN(row)(buf, 0, logits + (size_t)n * V, V), V);
+    for (int n = 0; n < N; n++)
+      stats[n] = FN(row_max)(FN(row)(buf, 0, logits + (size_t)n * V, V), V);
     free(buf);
   }
 }
@@ -846,17 +954,28 @@ void FN(xent_sumexp)(real *stats, const store *logits, const int32_t *targets,
 
 void FN(xent_finish)(store *logits, real *loss, const real *stats,
                      const int32_t *targets, int N, int V, int v0, real dscale) {
-#pragma omp parallel for
-  for (int n = 0; n < N; n++) {
-    real lse = stats[n] + (real)log(stats[N + n]);
-    loss[n] = lse - stats[2 * N + n];
-    FN(row_dlogits)(logits + (size_t)n * V, lse, targets[n] - v0, V, dscale);
+#pragma omp parallel
+  {
+    real *buf = FN(rows)(1, V);
+#pragma omp for
+    for (int n = 0; n < N; n++) {
+      real lse = stats[n] + (real)log(stats[N + n]);
+      loss[n] = lse - stats[2 * N + n];
+      real *l = FN(rowrw)(buf, 0, logits + (size_t)n * V, V);
+      FN(row_dlogits)(l, lse, targets[n] - v0, V, dscale);
+      FN(put)(logits + (size_t)n * V, l, V);
+    }
+    free(buf);
   }
 }
 
 void FN(add)(store *y, const store *x, size_t n) {
-#pragma omp parallel for
-  for (size_t i = 0; i < n; i++) y[i] = ST(LD(y[i]) + LD(x[i]));
+  ZT_CHUNKS(n, 2, {
+    real *yr = FN(rowrw)(buf, 0, y + i0, len);
+    const real *xr = FN(row)(buf, 1, x + i0, len);
+    for (size_t i = 0; i < len; i++) yr[i] += xr[i];
+    FN(put)(y + i0, yr, len);
+  })
 }
 
 /* scale, sumsq and AdamW work on real: gradients and master weights. */
@@ -883,14 +1002,18 @@ size_t FN(adamw_p16)(real *p, const real *g, real *m, real *v, size_t n,
    * an add per element; a check afterwards would read every weight again. */
   size_t bad = 0;
 #pragma omp parallel for reduction(+ : bad)
-  for (size_t i = 0; i < n; i++) {
-    real gi = g[i] * gs;
-    p[i] *= decay;
-    m[i] = b1 * m[i] + c1 * gi;
-    v[i] = b2 * v[i] + c2 * gi * gi;
-    p[i] -= step * m[i] / (sqrt(v[i]) / bc2s + eps);
-    bad += !isfinite(p[i]);
-    if (p16) p16[i] = ST(p[i]);
+  for (size_t i0 = 0; i0 < n; i0 += ZT_CHUNK) {
+    size_t i1 = n - i0 < ZT_CHUNK ? n : i0 + ZT_CHUNK;
+    for (size_t i = i0; i < i1; i++) {
+      real gi = g[i] * gs;
+      p[i] *= decay;
+      m[i] = b1 * m[i] + c1 * gi;
+      v[i] = b2 * v[i] + c2 * gi * gi;
+      p[i] -= step * m[i] / (sqrt(v[i]) / bc2s + eps);
+      bad += !isfinite(p[i]);
+    }
+    /* the chunk is in cache; array rounding is fp16's fast one */
+    if (p16) ST_N(p16 + i0, p + i0, i1 - i0);
   }
   return bad;
 }

@@ -17,16 +17,7 @@
 #include "kernels/kernels.h"
 #include "src/core/rng.h"
 #include "src/core/timer.h"
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *s, int n) {
-  qsort(s, (size_t)n, sizeof *s, cmp_double);
-  return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
+#include "tests/bench/median.h"
 
 static void print_times(const char *name, const double *s, int n) {
   printf("\"%s\": [", name);

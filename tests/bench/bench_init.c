@@ -16,11 +16,7 @@
 #include "kernels/kernels.h"
 #include "src/core/timer.h"
 #include "src/model/model.h"
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "tests/bench/median.h"
 
 int main(int argc, char **argv) {
   if (argc < 6) {
@@ -54,8 +50,7 @@ int main(int argc, char **argv) {
   }
   printf("{\"numel\": %lld, \"threads\": %d, \"s\": [", (long long)numel, omp_get_max_threads());
   for (int r = 0; r < repeats; r++) printf("%s%.6f", r ? ", " : "", s[r]);
-  qsort(s, (size_t)repeats, sizeof *s, cmp_double);
-  double med = repeats % 2 ? s[repeats / 2] : (s[repeats / 2 - 1] + s[repeats / 2]) / 2;
+  double med = median(s, repeats);
   printf("], \"s_median\": %.6f, \"elements_per_s\": %.4g}\n", med, (double)numel / med);
   zt_model_free(&m);
   return 0;

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/f16_simd.h"
 #include "kernels/cpu/ops.h"
 #include "src/core/half.h"
 #include "src/core/rng.h"
@@ -206,22 +207,27 @@ static void test_gemm(void **state) {
   expect_rounded(F, "gemm k = 0, beta 0.5", c.h, c.f, c.n);
 }
 
-/* Shapes past the 16-bit GEMM's scratch budget, cut into column blocks of
- * op(B) and row blocks of op(A) and C (ops_impl.h): this file instantiates
- * ops_impl.h once more, in bf16, with a budget of 64K reals instead of
- * 32M, so that small shapes take those paths (the blocking does not depend
- * on the format). Each block's float GEMM sums over all of k, but the BLAS
- * may group a block's sums otherwise than the whole's, so the result is
- * held to float accumulation's bound instead of bitwise: both sums within
- * γ_{k+2} (Σ_p |α a_ip b_pj| + |β c_ij|) of the exact one (γ_j = j 2^-24 /
- * (1 - j 2^-24)), so E = twice that apart, and a 16-bit C rounded once
- * more: u (|ref| + E). */
+/* Shapes past the 16-bit GEMM's scratch budget, which it cuts into blocks
+ * (ops_impl.h): this file instantiates ops_impl.h once more, in bf16, with
+ * a budget of 64K reals instead of 32M, so that small shapes take each way
+ * (the blocking does not depend on the format). A block's float GEMM may
+ * group its sums otherwise than the whole's, so the result is held to
+ * float accumulation's bound instead of bitwise: every sum, however
+ * grouped, within γ_{k+2} (Σ_p |α a_ip b_pj| + |β c_ij|) of the exact one
+ * (γ_j = j 2^-24 / (1 - j 2^-24)), so E = twice that apart, and a 16-bit C
+ * rounded once more: u (|ref| + E). */
 static void test_gemm_blocks(void **state) {
   (void)state;
-  enum { m = 90, n = 700, k = 200, pad = 3 }; /* 6 column blocks x 2 row blocks */
   const fmt16 *F = &BF16;
-  for (int ta = 0; ta < 2; ta++)
-    for (int tb = 0; tb < 2; tb++) {
+  struct { int m, n, k; const char *way; } cs[] = {
+      {40, 2000, 100, "A whole, 6 column blocks (gemm_acc 4)"},
+      {2000, 40, 100, "B whole, 6 row blocks (gemm_acc 4)"},
+      {150, 120, 1000, "8 k blocks (gemm_acc 6)"},
+      {300, 200, 1000, "3 row x 16 k blocks (gemm_acc 8 k)"},
+  };
+  for (size_t q = 0; q < sizeof cs / sizeof *cs; q++)
+    for (int t = 0; t < 4; t++) {
+      int m = cs[q].m, n = cs[q].n, k = cs[q].k, ta = t >> 1, tb = t & 1, pad = 3;
       int ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
       int lda = ac + pad, ldb = bc + pad, ldc = n + pad;
       hv a = hrand(F, (size_t)ar * lda, "blocks.a", 0, 1), b = hrand(F, (size_t)br * ldb, "blocks.b", 0, 1);
@@ -248,10 +254,11 @@ static void test_gemm_blocks(void **state) {
           worst16 = fmax(worst16, fabs(F->to(c.h[x]) - r) / (E + F->u * (fabs(r) + E)));
           moved += acc[x] != ref[x];
         }
-      print_message("  bf16 gemm(%c,%c) %dx%dx%d in blocks: %.3f of the bound (16-bit C), %.3f "
-                    "(gemm_acc; %zu not the float build's bits)\n", ta ? 'T' : 'N', tb ? 'T' : 'N',
-                    m, n, k, worst16, worst32, moved);
+      print_message("  bf16 gemm(%c,%c) %dx%dx%d, %s: %.3f of the bound (16-bit C), %.3f "
+                    "(gemm_acc, %zu not the float build's bits)\n", ta ? 'T' : 'N',
+                    tb ? 'T' : 'N', m, n, k, cs[q].way, worst16, worst32, moved);
       assert_true(worst16 <= 1 && worst32 <= 1);
+      free_pool(NULL);
     }
 }
 
@@ -559,6 +566,55 @@ static void test_adamw(void **state) {
   assert_memory_equal(&s, &r, sizeof s);
 }
 
+/* ------------------------------------------ fp16 array conversions */
+static void expect_same_bits(const char *what, const void *a, const void *b, size_t n,
+                             size_t size) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
+  print_message("  %-44s %zu values, %zu differ from half.h\n", what, n, bad);
+  assert_int_equal(bad, 0);
+}
+
+/* f16_simd.h (the fp16 build's LD_N, ST_N) against half.h: every pattern
+ * widened; narrowed, every fp16 value, its midpoint with the next (the
+ * ties) and one float ulp either side, both signs, and 2^20 random bit
+ * patterns (NaNs, infinities, float subnormals among them); lengths that
+ * leave the vector loops' tails. */
+static void test_f16_simd(void **state) {
+  (void)state;
+  enum { P = 65536, R = 1 << 20 };
+  uint16_t *h = keep(malloc(P * 2));
+  float *got = keep(malloc(P * 4)), *ref = keep(malloc(P * 4));
+  for (int i = 0; i < P; i++) h[i] = (uint16_t)i, ref[i] = zt_f16_to_f32(h[i]);
+  zt_f16_to_f32_fast_n(got, h, P);
+  expect_same_bits("fp16 -> float, all patterns", got, ref, P, 4);
+  zt_f16_to_f32_fast_n(got, h + 3, 29); /* 16 + 8 + 5 */
+  expect_same_bits("fp16 -> float, 29 from pattern 3", got, ref + 3, 29, 4);
+
+  size_t n = 0, cap = 8 * 0x7c00 + R;
+  float *x = keep(malloc(cap * 4));
+  for (uint32_t p = 0; p < 0x7c00; p++) /* finite positive fp16 values */
+    for (int sgn = 0; sgn < 2; sgn++) {
+      float v = zt_f16_to_f32((uint16_t)(p | sgn << 15));
+      float next = zt_f16_to_f32((uint16_t)((p + 1) | sgn << 15)); /* 0x7c00: infinity */
+      float mid = isinf(next) ? (sgn ? -65520.0f : 65520.0f) : (v + next) / 2;
+      x[n++] = v, x[n++] = mid;
+      x[n++] = nextafterf(mid, 0), x[n++] = nextafterf(mid, 2 * mid);
+    }
+  uint64_t key = zt_rng_key(11, "f16.bits");
+  for (uint64_t i = 0; i < R / 4; i++) {
+    uint32_t r[4];
+    zt_rng_philox(key, i, r);
+    for (int j = 0; j < 4; j++) memcpy(x + n++, &r[j], 4);
+  }
+  uint16_t *hg = keep(malloc(n * 2)), *hr = keep(malloc(n * 2));
+  for (size_t i = 0; i < n; i++) hr[i] = zt_f16_from_f32(x[i]);
+  zt_f16_from_f32_fast_n(hg, x, n);
+  expect_same_bits("float -> fp16, neighbourhoods and random", hg, hr, n, 2);
+  zt_f16_from_f32_fast_n(hg, x + 5, 29);
+  expect_same_bits("float -> fp16, 29 from the 6th", hg, hr + 5, 29, 2);
+}
+
 int main(void) {
 #define T2(f)                                                                       \
   cmocka_unit_test_prestate_setup_teardown(f, NULL, free_pool, (void *)&BF16),      \
@@ -567,6 +623,7 @@ int main(void) {
       T2(test_gemm),      cmocka_unit_test_teardown(test_gemm_blocks, free_pool), T2(test_embed),     T2(test_layernorm),
       T2(test_rmsnorm),   T2(test_elementwise), T2(test_rope),      T2(test_attention),
       T2(test_attention_chain), T2(test_xent),  T2(test_adamw),
+      cmocka_unit_test_teardown(test_f16_simd, free_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
