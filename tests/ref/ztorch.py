@@ -1,8 +1,12 @@
 """PyTorch reference for ztrain: model, checkpoint reader, data order, LR
 schedule and one optimizer step, all with ztrain's exact semantics.
 
-Everything here is fp32 and deliberately plain (no fused kernels, no
-autocast) so that it is easy to audit against the C implementation.
+Everything here is deliberately plain (no fused kernels, no autocast) so
+that it is easy to audit against the C implementation. The model runs in
+fp32 (Transformer.forward), or under ztrain's 16-bit policy
+(train.precision "bf16" or "fp16": Transformer.forward16 with a
+MixedPrecision, which writes out every point where ztrain rounds; see the
+section "Mixed precision" below).
 Used by tests/ref/compare.py and tests/bench/torch_bench.py.
 """
 
@@ -41,6 +45,8 @@ class Checkpoint:
     # Steps skipped for non-finite values before this one: the optimizer's
     # clock (AdamW's bias correction, the LR schedule) is step - skipped.
     skipped: int = 0
+    # The dynamic loss scaler's state (state.loss_scaler), when it has one.
+    loss_scaler: Optional[dict] = None
 
 
 def _attr_str(value) -> str:
@@ -82,7 +88,7 @@ def read_checkpoint(path: str) -> Checkpoint:
         if "optim" in f:
             exp_avg = _read_group(f["optim/exp_avg"])
             exp_avg_sq = _read_group(f["optim/exp_avg_sq"])
-    return Checkpoint(plan, step, model, exp_avg, exp_avg_sq, skipped)
+    return Checkpoint(plan, step, model, exp_avg, exp_avg_sq, skipped, state.get("loss_scaler"))
 
 
 # --------------------------------------------------------------------------
@@ -171,6 +177,235 @@ def apply_rotary(x, cos, sin):
     return x * cos[:T] + rotated * sin[:T]
 
 
+# --------------------------------------------------------------------------
+# Mixed precision
+#
+# ztrain's 16-bit policy (train.precision = "bf16" or "fp16") on its CPU
+# backend, written out rounding point by rounding point. r(.) below is one
+# rounding to nearest even to the 16-bit type; "computed in fp32" means from
+# the 16-bit values, in float32.
+#
+# Weights: fp32 masters (the checkpoint's, AdamW's); the model computes with
+# w16 = r(master), made before each step's passes. d/d(master) is the
+# gradient with respect to w16, in fp32, unrounded (_RoundWeight).
+#
+# Forward, each activation stored in 16 bit, i.e. rounded once by the op
+# that writes it (_Round):
+#   embedding  x0 = r(wte16[tok] + wpe16[pos])        (llama: wte16[tok])
+#   per block  ln1 = r(norm(x))
+#              qkv = r(ln1 @ Wqkv^T); gpt: qkv = r(qkv + b)  (two roundings)
+#              llama: q, k = r(rope(q)), r(rope(k))   (in place; v as is)
+#              att = r(attention(q, k, v))            (fp32 inside, softmax too)
+#              mid = r(x + att @ Wout^T)              (residual in the GEMM's sum)
+#              gpt: mid = r(mid + b_out)
+#              ln2 = r(norm(mid))
+#              gpt:   fc = r(ln2 @ Wfc^T), fc = r(fc + b_fc), act = r(gelu(fc))
+#              llama: act = r(silu(r(ln2 @ Wg^T)) * r(ln2 @ Wu^T))
+#              out = r(mid + act @ Wdown^T); gpt: out = r(out + b_down)
+#   head       lnf = r(norm(x)); logits = r(lnf @ Whead^T)
+#   loss       cross-entropy in fp32 from the 16-bit logits
+#
+# Backward: every activation gradient is 16 bit. _Round's backward rounds
+# the gradient arriving at each activation above once, after autograd has
+# summed (in fp32) what its consumers sent it. That gives these points:
+#   dlogits = r((softmax - onehot) * scale / tokens)
+#   d(any GEMM input) = r(dY @ W), with dY already rounded (the GEMM's
+#     output was an activation); llama's q/k/v and gate/up read one input,
+#     their three (two) products summed in fp32 and rounded once, as
+#     ztrain's one GEMM over the fused rows does
+#   dfc = r(gelu'(fc) * dact); llama: dgate, dup rounded each
+#   attention (_Attention16, FlashAttention-2's backward as ztrain has it):
+#     dO rounded on arrival, D = rowsum(dO * O) with O the stored 16-bit
+#     output, dQ, dK, dV in fp32 (dK, dV summed over the query heads of a
+#     kv head), rounded where qkv (llama: the rope output, then the GEMM
+#     output again after rope's backward) is stored
+#   residual stream: d(mid) = r(d(out) + norm2'(dln2)) and
+#     d(x) = r(d(mid) + norm1'(dln1)): the incoming 16-bit residual
+#     gradient plus the norm's fp32 input gradient, rounded once (ztrain
+#     accumulates the norm backward into the 16-bit dres in place)
+#   a bias's add rounds its output's gradient again: a no-op (already 16 bit)
+# Weight gradients (GEMMs, norms, biases, embeddings) are fp32 from the
+# 16-bit operands, never rounded, accumulated over micro-batches in fp32;
+# clipping and AdamW run in fp32 on the masters.
+#
+# Where ztrain's kernels differ by construction, the comparison is a
+# tolerance, not bitwise: every fp32 computation in between (GEMM blocking
+# and summation order, layernorm's and softmax's reductions, exp/tanh,
+# attention's online softmax and P recomputed from lse) differs in its last
+# bits, which moves a few activations across a 16-bit rounding boundary.
+# Rounding points may also sit slightly apart: ztrain's norm backward adds
+# into the residual gradient element by element where autograd sums the
+# two contributions first (the same single rounding here, but any kernel
+# that rounded the norm's part before adding would differ by one ulp).
+#
+# fp16 adds the loss scale: the loss gradient is multiplied by it (so
+# every 16-bit gradient holds scaled values), the fp32 weight gradients are
+# divided by it before clipping, and LossScaler decides overflows as ztrain
+# does (the global sum of squares of the scaled gradients not finite).
+
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _Round(torch.autograd.Function):
+    """An activation stored in 16 bit: rounded on the way forward, and its
+    gradient rounded on the way back (by mp.round_grad, which also notes
+    the largest gradient it rounded)."""
+
+    @staticmethod
+    def forward(ctx, x, mp):
+        ctx.mp = mp
+        return x.to(mp.dtype).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.mp.round_grad(g), None
+
+
+class _RoundWeight(torch.autograd.Function):
+    """The 16-bit compute copy of a master weight; the gradient reaches the
+    master unrounded (straight through)."""
+
+    @staticmethod
+    def forward(ctx, w, mp):
+        ctx.master = w.dtype
+        return w.to(mp.dtype).to(mp.compute)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(ctx.master), None
+
+
+def _matmul(a, b, parts: int):
+    """a @ b; with parts > 1, the reduction (a's last dimension) cut in that
+    many near-equal pieces whose products are summed after, first to last:
+    the same values, another reduction order (used only to measure what
+    such an order changes)."""
+    if parts <= 1:
+        return a @ b
+    cuts = [a.shape[-1] * i // parts for i in range(parts + 1)]
+    out = a[..., cuts[0] : cuts[1]] @ b[..., cuts[0] : cuts[1], :]
+    for lo, hi in zip(cuts[1:-1], cuts[2:]):
+        out = out + a[..., lo:hi] @ b[..., lo:hi, :]
+    return out
+
+
+class _SplitLinear(torch.autograd.Function):
+    """x @ w^T whose three GEMMs (forward, input and weight gradient) all
+    take the split reduction order of _matmul."""
+
+    @staticmethod
+    def forward(ctx, x, w, parts):
+        ctx.parts = parts
+        ctx.save_for_backward(x, w)
+        return _matmul(x, w.t(), parts)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        dx = _matmul(g, w, ctx.parts)
+        dw = _matmul(g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1]), ctx.parts)
+        return dx, dw, None
+
+
+class _Attention16(torch.autograd.Function):
+    """Causal attention on 16-bit q, k, v [B, H, T, hd] (k, v already
+    repeated per query head), computed in fp32, the output rounded once.
+    Backward as FlashAttention-2's (ztrain's attn_bwd): the incoming dO is
+    16 bit, D = rowsum(dO * O) uses the stored (rounded) O, and dQ, dK, dV
+    leave in fp32 for the caller's rounding point."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mp):
+        T, hd = q.shape[-2], q.shape[-1]
+        scale = 1.0 / math.sqrt(hd)
+        scores = _matmul(q, k.transpose(-2, -1), mp.split) * scale
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        p = scores.masked_fill(future, float("-inf")).softmax(-1)
+        o = _matmul(p, v, mp.split).to(mp.dtype).to(q.dtype)
+        ctx.mp, ctx.scale = mp, scale
+        ctx.save_for_backward(q, k, v, p, o)
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, p, o = ctx.saved_tensors
+        mp = ctx.mp
+        do = mp.round_grad(g)
+        d = (do * o).sum(-1, keepdim=True)
+        dv = _matmul(p.transpose(-2, -1), do, mp.split)
+        ds = p * (_matmul(do, v.transpose(-2, -1), mp.split) - d) * ctx.scale
+        dq = _matmul(ds, k, mp.split)
+        dk = _matmul(ds.transpose(-2, -1), q, mp.split)
+        return dq, dk, dv, None
+
+
+class MixedPrecision:
+    """train.precision "bf16" or "fp16" for Transformer.forward16.
+
+    split_gemms and reverse_micro_batches change only reduction orders (every
+    GEMM's and attention product's reduction cut in that many pieces; the
+    micro-batches' weight gradients accumulated last to first), compute =
+    float64 the precision of what happens between rounding points: they
+    exist to measure how far two equally valid computations drift apart,
+    which is what the test's tolerance is derived from (docs/testing.md)."""
+
+    def __init__(self, precision: str, split_gemms: int = 1,
+                 reverse_micro_batches: bool = False, compute: torch.dtype = torch.float32):
+        if precision not in HALF_DTYPES:
+            raise ValueError(f"precision {precision!r}: expected one of {sorted(HALF_DTYPES)}")
+        self.name = precision
+        self.dtype = HALF_DTYPES[precision]
+        self.split = split_gemms
+        self.reverse_micro_batches = reverse_micro_batches
+        # What the ops compute in between rounding points: float32 as ztrain;
+        # float64 (nearly exact) only to measure what float32's own errors
+        # change. Weight gradients reach the fp32 masters as float32 either way.
+        self.compute = compute
+        # Largest finite |gradient| met at a rounding point in the last
+        # step's backward passes, before rounding (for fp16: how close a
+        # step came to overflowing, or how far past it the first overflow was).
+        self.grad_max = 0.0
+
+    @staticmethod
+    def from_plan(train_plan: dict) -> Optional["MixedPrecision"]:
+        """None for fp32 (the plain model)."""
+        precision = train_plan.get("precision", "fp32")
+        return None if precision == "fp32" else MixedPrecision(precision)
+
+    def round_grad(self, g):
+        a = g.abs()
+        a = a[torch.isfinite(a)]
+        if a.numel():
+            self.grad_max = max(self.grad_max, a.max().item())
+        return g.to(self.dtype).to(g.dtype)
+
+    def r(self, x):
+        return _Round.apply(x, self)
+
+    def w(self, p):
+        return _RoundWeight.apply(p, self)
+
+    def mm(self, x, w):
+        """x @ w^T in fp32, unrounded."""
+        return _SplitLinear.apply(x, w, self.split) if self.split > 1 else x @ w.t()
+
+    def linear(self, x, lin: nn.Linear, res=None):
+        """r(res + x @ W^T), then r(. + b) as a separate op."""
+        y = self.mm(x, self.w(lin.weight))
+        y = self.r(y if res is None else res + y)
+        return y if lin.bias is None else self.r(y + self.w(lin.bias))
+
+    def norm(self, x, m: nn.Module):
+        if isinstance(m, nn.LayerNorm):
+            y = F.layer_norm(x, m.normalized_shape, self.w(m.weight), self.w(m.bias), m.eps)
+        else:
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps) * self.w(m.weight)
+        return self.r(y)
+
+    def attention(self, q, k, v):
+        return _Attention16.apply(q, k, v, self)
+
+
 class GPTAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -184,6 +419,14 @@ class GPTAttention(nn.Module):
         q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in self.qkv(x).split(C, -1))
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
         return self.out(y)
+
+    def forward16(self, x, mp: MixedPrecision):
+        """The attention output before the out projection (which the block
+        fuses with the residual)."""
+        B, T, C = x.shape
+        hd = C // self.heads
+        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in mp.linear(x, self.qkv).split(C, -1))
+        return mp.attention(q, k, v).transpose(1, 2).reshape(B, T, C)
 
 
 class LlamaAttention(nn.Module):
@@ -213,6 +456,18 @@ class LlamaAttention(nn.Module):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
         return self.out(y)
 
+    def forward16(self, x, mp: MixedPrecision):
+        """As GPTAttention.forward16; rope rounds q and k once more."""
+        B, T, C = x.shape
+        hd = C // self.heads
+        q = mp.linear(x, self.q).view(B, T, self.heads, hd).transpose(1, 2)
+        k = mp.linear(x, self.k).view(B, T, self.kv_heads, hd).transpose(1, 2)
+        v = mp.linear(x, self.v).view(B, T, self.kv_heads, hd).transpose(1, 2)
+        q, k = mp.r(apply_rotary(q, self.cos, self.sin)), mp.r(apply_rotary(k, self.cos, self.sin))
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return mp.attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+
 
 class GeluMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -222,6 +477,10 @@ class GeluMLP(nn.Module):
 
     def forward(self, x):
         return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+    def forward16(self, x, mp: MixedPrecision):
+        """The activation before the down projection (fused with the residual)."""
+        return mp.r(F.gelu(mp.linear(x, self.up), approximate="tanh"))
 
 
 class SwiGLU(nn.Module):
@@ -233,6 +492,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    def forward16(self, x, mp: MixedPrecision):
+        return mp.r(F.silu(mp.linear(x, self.gate)) * mp.linear(x, self.up))
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -254,6 +516,10 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
+    def forward16(self, x, mp: MixedPrecision):
+        x = mp.linear(self.attn.forward16(mp.norm(x, self.norm1), mp), self.attn.out, res=x)
+        return mp.linear(self.mlp.forward16(mp.norm(x, self.norm2), mp), self.mlp.down, res=x)
+
 
 class Embed(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -266,6 +532,12 @@ class Embed(nn.Module):
         if self.positions is not None:
             x = x + self.positions[: idx.shape[1]]
         return x
+
+    def forward16(self, idx, mp: MixedPrecision):
+        x = F.embedding(idx, mp.w(self.tokens))
+        if self.positions is not None:
+            x = x + mp.w(self.positions)[: idx.shape[1]]
+        return mp.r(x)
 
 
 class Transformer(nn.Module):
@@ -286,6 +558,16 @@ class Transformer(nn.Module):
             x = block(x)
         x = self.final_norm(x)
         return self.head(x) if self.head is not None else x @ self.embed.tokens.t()
+
+    def forward16(self, idx, mp: MixedPrecision):
+        """The logits (16-bit values in a float32 tensor) under ztrain's
+        16-bit policy: see "Mixed precision" above."""
+        x = self.embed.forward16(idx, mp)
+        for block in self.blocks:
+            x = block.forward16(x, mp)
+        x = mp.norm(x, self.final_norm)
+        head = self.head.weight if self.head is not None else self.embed.tokens
+        return mp.r(mp.mm(x, mp.w(head)))
 
 
 def build_model(model_plan: dict) -> Transformer:
@@ -428,31 +710,100 @@ def load_optimizer_state(opt: torch.optim.AdamW, model: nn.Module, ckpt: Checkpo
         }
 
 
+class LossScaler:
+    """train.loss_scale: a static scale (a number in the plan), or DeepSpeed's
+    DynamicLossScaler (a table), with the update rule of its update_scale as
+    ztrain's src/train/scaler.c has it. `state` is a checkpoint's
+    state.loss_scaler, to go on from."""
+
+    def __init__(self, spec=None, state: Optional[dict] = None):
+        self.dynamic = isinstance(spec, dict)
+        if not self.dynamic:
+            self.scale = 1.0 if spec is None else float(spec)
+            return
+        self.window = int(spec["loss_scale_window"])
+        self.hysteresis = int(spec["hysteresis"])
+        self.min_scale = float(spec["min_loss_scale"])
+        self.consecutive = bool(spec["consecutive_hysteresis"])
+        if state is not None:
+            self.scale, self.iter = float(state["scale"]), int(state["iter"])
+            self.last_overflow, self.left = int(state["last_overflow_iter"]), int(state["hysteresis"])
+        else:
+            self.scale, self.iter = 2.0 ** int(spec["initial_scale_power"]), 0
+            self.last_overflow, self.left = -1, self.hysteresis
+
+    def update(self, overflow: bool) -> None:
+        if not self.dynamic:
+            return
+        if overflow:
+            if self.hysteresis == 1 or self.left <= 1:
+                self.scale = max(self.scale / 2, self.min_scale)
+            else:
+                self.left -= 1
+            self.last_overflow = self.iter
+        else:
+            if self.consecutive:
+                self.left = self.hysteresis
+            if (self.iter - self.last_overflow) % self.window == 0:
+                if not self.consecutive:
+                    self.left = self.hysteresis
+                self.scale *= 2
+        self.iter += 1
+
+
 @dataclass
 class StepResult:
     loss: float
     grad_norm: float
     lr: float
+    # With a loss scaler: the scale the step ran with, and whether its
+    # update was skipped (overflow or a non-finite loss).
+    loss_scale: float = 1.0
+    skipped: bool = False
 
 
 def train_step(model: Transformer, opt: torch.optim.AdamW, data: TokenData, train_plan: dict, step: int,
-               skipped: int = 0) -> StepResult:
+               skipped: int = 0, mp: Optional[MixedPrecision] = None,
+               scaler: Optional[LossScaler] = None) -> StepResult:
     """Optimizer step `step` (0-based, the global batch) exactly as ztrain does it,
-    after `skipped` skipped steps (the LR schedule counts applied updates)."""
+    after `skipped` skipped steps (the LR schedule counts applied updates).
+    mp: the 16-bit policy (None: fp32). scaler: loss scaling and ztrain's
+    skip of a step whose gradients or loss are not finite (the caller counts
+    a skipped step into `skipped` for the next ones); None: neither."""
     G, B = int(train_plan["global_batch"]), int(train_plan["micro_batch"])
     if G % B:
         raise ValueError(f"global_batch {G} is not a multiple of micro_batch {B}")
     # Normalising every micro-batch by the global token count makes the
     # accumulated gradient that of the mean loss over the whole global batch.
     norm = 1.0 / (G * data.seq)
+    scale = 1.0 if scaler is None else scaler.scale
+    batches = data.micro_batches(step, G, B)
+    if mp is not None:
+        mp.grad_max = 0.0
+        if mp.reverse_micro_batches:
+            batches = reversed(list(batches))
     loss_total = 0.0
-    for inputs, targets in data.micro_batches(step, G, B):
-        logits = model(inputs)
+    for inputs, targets in batches:
+        logits = model(inputs) if mp is None else model.forward16(inputs, mp)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum") * norm
-        loss.backward()
+        (loss if scale == 1.0 else loss * scale).backward()
         loss_total += loss.item()
 
     params = [p for p in model.parameters() if p.grad is not None]
+    if scaler is not None:
+        # ztrain's test: the global sum of squares (in double) of the
+        # scaled gradients is not finite
+        sumsq = sum(p.grad.double().pow(2).sum().item() for p in params)
+        overflow = not math.isfinite(sumsq)
+        scaler.update(overflow)
+        if overflow or not math.isfinite(loss_total):
+            opt.zero_grad(set_to_none=True)
+            # the LR reported is the next applied update's, as ztrain's
+            return StepResult(loss_total, math.sqrt(sumsq) / scale, lr_at(train_plan["lr"], step - skipped),
+                              scale, True)
+        if scale != 1.0:
+            for p in params:
+                p.grad.div_(scale)  # exact for a power of two
     clip = float(train_plan.get("clip") or 0.0)
     # clip_grad_norm_ defines the reported norm; with max_norm = inf its
     # scale factor clamps to exactly 1.0, i.e. no clipping.
@@ -463,4 +814,4 @@ def train_step(model: Transformer, opt: torch.optim.AdamW, data: TokenData, trai
         group["lr"] = lr
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return StepResult(loss_total, grad_norm, lr)
+    return StepResult(loss_total, grad_norm, lr, scale)
