@@ -115,6 +115,11 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
   ok = ok && (z->m = alloc_f(z, opt_n, &z->state_bytes)) && (z->v = alloc_f(z, opt_n, &z->state_bytes));
   if (stage >= 2) ok = ok && (z->g_shard = alloc_f(z, z->S, &z->state_bytes));
   if (stage >= 3) ok = ok && (z->w_shard = alloc_f(z, z->S, &z->state_bytes));
+  size_t cx = zt_dtype_size(cfg->compute_dtype);
+  if (stage >= 3 && cfg->compute_dtype != ZT_F32) {
+    ok = ok && (z->wc_shard = z->be->alloc(ZT_MEM_DEVICE, (size_t)(z->S ? z->S : 1) * cx));
+    z->state_bytes += z->S * (int64_t)cx;
+  }
   if (ok && stage >= 2) {
     int n = units->n;
     z->bwd_uses_left = calloc((size_t)n, sizeof(int));
@@ -163,7 +168,8 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
       }
     }
     for (int i = 0; ok && i < GATHER_BUFFERS; i++) {
-      ok = (z->gbufs[i] = alloc_f(z, z->gbuf_elems, &z->buffer_bytes)) != NULL;
+      ok = (z->gbufs[i] = z->be->alloc(ZT_MEM_DEVICE, (size_t)(z->gbuf_elems ? z->gbuf_elems : 1) * cx)) != NULL;
+      z->buffer_bytes += z->gbuf_elems * (int64_t)cx;
       if (ok) z->gbuf_unit[i] = -1;
     }
     for (int u = 0; ok && u < n; u++) z->unit_gbuf[u] = -1;
@@ -181,6 +187,7 @@ void zt_zero_free(zt_zero *z) {
   z->be->free(ZT_MEM_DEVICE, z->v);
   z->be->free(ZT_MEM_DEVICE, z->g_shard);
   z->be->free(ZT_MEM_DEVICE, z->w_shard);
+  z->be->free(ZT_MEM_DEVICE, z->wc_shard);
   for (int i = 0; z->bufs && i < z->n_bufs; i++) {
     z->be->free(ZT_MEM_DEVICE, z->bufs[i]);
     z->be->free(ZT_MEM_DEVICE, z->recv[i]);
@@ -215,7 +222,16 @@ void zt_zero_free(zt_zero *z) {
 void zt_zero_shard_weights(zt_zero *z) {
   z->be->copy(z->stream, z->w_shard, z->w_full + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
   z->w_full = NULL;
+  zt_zero_sync_compute(z);
 }
+
+void zt_zero_sync_compute(zt_zero *z) {
+  if (z->wc_shard)
+    z->be->convert(z->stream, z->cfg.compute_dtype, z->wc_shard, ZT_F32, z->w_shard,
+                   (size_t)(z->hi - z->lo));
+}
+
+void *zt_zero_update_copy(zt_zero *z) { return z->wc_shard; }
 
 /* ---- stage >= 2: gradient buckets ------------------------------------- */
 
@@ -304,10 +320,14 @@ static void start_gather(zt_zero *z, int unit) {
   /* MPI reads the count arrays until the gather completes: they persist */
   int *counts = z->unit_counts + (size_t)unit * 2 * z->dp->size, *displs = counts + z->dp->size;
   int me = z->dp->rank;
+  zt_dtype t = z->cfg.compute_dtype;
+  size_t x = zt_dtype_size(t);
+  const char *src = z->wc_shard ? z->wc_shard : (const void *)z->w_shard;
   if (counts[me])
-    z->be->copy(z->stream, z->gbufs[k] + displs[me], z->w_shard + (a + displs[me] - z->lo),
-                (size_t)counts[me] * sizeof(float));
-  zt_comm_iallgather(z->dp, z->gbufs[k], counts, displs, ZT_F32, &z->unit_req[unit]);
+    z->be->copy(z->stream, (char *)z->gbufs[k] + (size_t)displs[me] * x,
+                src + (size_t)(a + displs[me] - z->lo) * x, (size_t)counts[me] * x);
+  z->be->stream_sync(z->stream); /* MPI reads the buffer */
+  zt_comm_iallgather(z->dp, z->gbufs[k], counts, displs, t, &z->unit_req[unit]);
   z->unit_gathering[unit] = 1;
 }
 
@@ -322,7 +342,7 @@ static void release_unit(zt_zero *z, int unit) {
 
 /* Gathers the unit if needed; with `prefetch`, starts gathering the unit
  * the pass uses next. */
-static float *use_weights(zt_zero *z, int unit, int backward, int prefetch) {
+static void *use_weights(zt_zero *z, int unit, int backward, int prefetch) {
   if (z->unit_gbuf[unit] < 0) {
     /* the buffers may all hold prefetches: make room */
     int free_one = 0;

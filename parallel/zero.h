@@ -33,6 +33,9 @@ typedef struct zt_zero_cfg {
    * ZT_BF16 / ZT_F16: half the bytes, each partial sum rounded to 16 bits);
    * they are accumulated and kept in fp32 either way. */
   zt_dtype reduce_dtype;
+  /* The dtype the passes compute with (the model's): at stage 3 the
+   * weights are gathered in it, from a rounded copy of the fp32 shard. */
+  zt_dtype compute_dtype;
 } zt_zero_cfg;
 
 typedef struct zt_zero_units {
@@ -68,6 +71,7 @@ typedef struct zt_zero {
                                or its 16-bit copy), of dtype dt */
   zt_dtype dt;
   float *w_shard, *g_shard; /* stage 3 / stage >= 2 */
+  void *wc_shard;           /* stage 3, 16-bit: w_shard rounded, what is gathered */
   float *m, *v;             /* AdamW state for [lo, hi) (all of Ψ at stage 0) */
 
   /* stage >= 2: gradient buckets */
@@ -83,7 +87,7 @@ typedef struct zt_zero {
 
   /* stage 3: gathered units */
   int n_gbufs;
-  float **gbufs;
+  void **gbufs;       /* of the compute dtype */
   int *gbuf_unit;     /* unit in each gather buffer, -1 free */
   int *unit_gbuf;     /* gather buffer of each unit, -1 none */
   zt_req *unit_req;   /* gather in flight per unit */
@@ -106,6 +110,15 @@ void zt_zero_free(zt_zero *z);
 
 /* Stage 3: keeps this rank's range of w_full, which may then be freed. */
 void zt_zero_shard_weights(zt_zero *z);
+
+/* Stage 3 in 16 bits: the shard gathered from (wc_shard) made equal to the
+ * fp32 one, rounded; after the shard changed other than by an update that
+ * wrote it (a load). Nothing otherwise. */
+void zt_zero_sync_compute(zt_zero *z);
+
+/* Where an update of this rank's range writes its 16-bit copy in the same
+ * pass: the stage-3 gather source, or NULL (zt_optim_update's w16). */
+void *zt_zero_update_copy(zt_zero *z);
 
 /* Start of a micro-batch (resets per-micro-batch use counts). */
 void zt_zero_microbatch_begin(zt_zero *z);

@@ -649,11 +649,6 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     p->parallel.zero.reduce_dtype = p->train.grad_reduce;
     lua_pop(L, 5);
   }
-  if (!rc && p->train.precision != ZT_F32 && p->parallel.zero.stage == 3)
-    rc = zt_err_set(e, ZT_EINPUT,
-                    "train.precision = \"%s\" with parallel.zero = 3 is not supported yet (ZeRO-3 "
-                    "gathers the fp32 weights); use parallel.zero = 0, 1 or 2 with 16-bit training, "
-                    "or fp32 with ZeRO-3", precision_name(p->train.precision));
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);

@@ -117,7 +117,9 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   zt_zero_units units = {
       .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
       .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
-  int rc = zt_zero_init(&t->zero, zero, m->be, m->stream, &grid->dp_comm, m->numel, &units, m->w,
+  zt_zero_cfg zc = *zero;
+  zc.compute_dtype = m->dt;
+  int rc = zt_zero_init(&t->zero, &zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, m->w,
                         m->g, e);
   free(group); /* the engine keeps a copy */
   if (rc) return rc;
@@ -203,6 +205,7 @@ static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, f
   if (t->piped) tied_refresh(t);
   if (t->wc_stale) { /* 16-bit runs: the weights computed with, from the fp32 ones */
     zt_model_sync_weights(t->model, t->wc_stale == ZT_WC_ALL);
+    if (t->wc_stale == ZT_WC_ALL) zt_zero_sync_compute(&t->zero);
     t->wc_stale = 0;
   }
   if (t->piped) {
@@ -357,11 +360,15 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     st->grad_norm = zt_optim_clip(&c->optim, sums[1] / (scale * scale), &gscale);
     gscale = (float)(gscale / scale);
     m->be->memzero(m->stream, t->sums, sizeof *t->sums);
-    /* at ZeRO-0 this rank updates every weight: AdamW writes the 16-bit
-     * copy in its own pass, and only a tied copy is left to round */
-    int all16 = m->wc != m->w && t->zero.cfg.stage == 0;
-    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums,
-                             all16 ? m->wc : NULL);
+    /* AdamW writes the 16-bit copy in its own pass where this rank's range
+     * is all of it: every weight at ZeRO-0, the shard gathered from at
+     * ZeRO-3; only a tied copy is then left to round */
+    void *w16 = m->dt == ZT_F32             ? NULL
+                : t->zero.cfg.stage == 0    ? m->wc
+                : t->zero.cfg.stage == 3    ? zt_zero_update_copy(&t->zero)
+                                            : NULL;
+    int all16 = w16 != NULL;
+    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums, w16);
     m->be->copy(m->stream, &dev, t->sums, sizeof dev);
     m->be->stream_sync(m->stream);
     /* Finite gradients can still make non-finite weights (a huge learning

@@ -119,8 +119,8 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
     "$(base "train.loss_scale = {initial_scale_power = 200}")"
   expect 2 'train.precision must be one of "fp32", "bf16", "fp16", got "fp8"' "$np" \
     "$(base "train.precision = 'fp8'")"
-  expect 2 'train.precision = "bf16" with parallel.zero = 3 is not supported yet' "$np" \
-    "$(base "train.precision = 'bf16'; parallel = {zero = 3}")"
+  expect 2 'train.grad_reduce_dtype must be one of "fp32", "bf16", "fp16", got "int8"' "$np" \
+    "$(base "train.grad_reduce_dtype = 'int8'")"
   expect 2 "(-e):1:" "$np" "$(base "")" -e "train.steps = = 3"
   expect 2 "--steps needs a non-negative integer, got 'x'" "$np" "$(base "")" --steps x
 }

@@ -6,7 +6,7 @@
 #  - pp 2 (1F1B) is bitwise the one process: the same operations on the
 #    same values, only on two ranks (the reported gradient norm is summed
 #    over the stages in another order);
-#  - zero-bubble at pp 2, dp 2 with ZeRO 0, 1 and 2, tp 2 (with sequence
+#  - zero-bubble at pp 2, dp 2 with ZeRO 0, 1, 2 and 3 (resumed bitwise at 3), tp 2 (with sequence
 #    parallelism) and dp 2 x pp 2 x tp 2 within tolerances derived below;
 #  - a bf16 run stopped at step 6 and resumed from its checkpoint ends
 #    bitwise equal; the same checkpoint continued in fp32 runs (the
@@ -77,10 +77,24 @@ PY
 run pp2 2 -e 'parallel = {pp = 2}' && bitwise bf16 pp2 --norm-rtol 1e-14
 run pp2_zb 2 -e 'parallel = {pp = 2}; schedule = zt.schedule.zero_bubble{}' && close bf16 pp2_zb 2e-3 5e-3
 run tp2_sp 2 -e 'parallel = {tp = 2, sequence_parallel = true}' && close bf16 tp2_sp 8e-3 3e-2
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   run dp2_z$z 2 -e "parallel = {dp = 2, zero = {stage = $z, bucket_bytes = 8192}}" &&
     close bf16 dp2_z$z 2e-3 5e-3
 done
+# ZeRO-3 gathers bf16 weights rounded from each rank's fp32 shard; resumed
+# from its step-6 checkpoint (the shard loaded in fp32, rounded again) it
+# ends bitwise equal
+mkdir -p z3res && (cd z3res && OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$Z" ../run.lua \
+  -e "parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 8192}}" \
+  --load ../dp2_z3/ck/step_00000006.h5 --metrics m6.jsonl --save final.h5 > out.txt 2>&1) ||
+  { echo "FAIL: zero-3 resume"; fail=$((fail + 1)); }
+/usr/bin/python3 -c "
+import json
+rows = [l for l in open('dp2_z3/m.jsonl') if '\"loss\"' in l and json.loads(l)['step'] > 6]
+open('dp2_z3/tail.jsonl', 'w').writelines(rows)"
+printf '%-40s ' "zero-3 resumed at 6 = dp2_z3:"
+/usr/bin/python3 "$HERE/ref/bitwise.py" dp2_z3/tail.jsonl dp2_z3/final.h5 z3res/m6.jsonl z3res/final.h5 ||
+  { echo "FAIL: the resumed zero-3 bf16 run differs"; fail=$((fail + 1)); }
 run grid8 8 -e 'parallel = {dp = 2, pp = 2, tp = 2, zero = 1}' && close bf16 grid8 8e-3 3e-2
 
 # gradients summed over dp in bf16 (train.grad_reduce_dtype): each rank's
