@@ -284,7 +284,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
-         omp_get_max_threads(), prec, z->state_bytes / 1048576.0, z->buffer_bytes / 1048576.0,
+         omp_get_max_threads(), prec, (z->state_bytes + zt_model_copy_bytes(m)) / 1048576.0, z->buffer_bytes / 1048576.0,
          m->act_bytes / 1048576.0, recompute, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
          : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
@@ -404,7 +404,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     snprintf(where, sizeof where, "step:%lld", (long long)tr.t + 1);
     zt_watchdog_test_stop(where);
     rc = zt_trainer_step(&tr, &st, e); /* a failure is the same on every rank */
-    st.state_bytes = tr.zero.state_bytes;
+    st.state_bytes = tr.zero.state_bytes + zt_model_copy_bytes(&model);
     st.buffer_bytes = tr.zero.buffer_bytes;
     st.act_bytes = (int64_t)model.act_bytes;
     zt_report_step(&rep, &st);

@@ -367,6 +367,13 @@ void zt_model_sync_weights(zt_model *m, int all) {
                    (size_t)m->params[m->embed_tok].t.numel);
 }
 
+int64_t zt_model_copy_bytes(const zt_model *m) {
+  if (m->dt == ZT_F32) return 0;
+  int64_t n = m->wc ? m->numel : 0;
+  if (m->tied_wc) n += m->params[m->embed_tok].t.numel;
+  return n * (int64_t)zt_dtype_size(m->dt);
+}
+
 const void *zt_model_output(const zt_model *m, int c, int s) {
   const zt_chunk *k = &m->chunks[c];
   return k->slots[s].res[k->last - k->first + 1];

@@ -297,6 +297,10 @@ const void *zt_model_output(const zt_model *m, int c, int s);
  * fp32. */
 void zt_model_sync_weights(zt_model *m, int all);
 
+/* Bytes of the 16-bit copies of the weights this model computes with (wc,
+ * tied_wc): 0 in fp32. Model states the ZeRO engine does not hold. */
+int64_t zt_model_copy_bytes(const zt_model *m);
+
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */
 double zt_model_flops_per_token(const zt_model *m);

@@ -3,7 +3,7 @@
 reports, with and without activation recomputation.
 
     bench_act_mem.py [--ztrain build/ztrain] [--seqs 1024,2048]
-                     [--micro-batch 1] [--json PATH]
+                     [--micro-batch 1] [--precision fp32,bf16] [--json PATH]
 
 A benchmark, not a test: it asserts nothing and is not registered with
 ctest (each run trains one step of a 124M model at T = 2048).
@@ -16,7 +16,8 @@ dim 64, T = 64) less that model's own reported buffers, and subtracted. What is 
 the run reports in its metrics line: model states (`state_bytes`: weights,
 gradients, AdamW moments), ZeRO buffers (`buffer_bytes`) and activations
 (`act_bytes`: every activation slot and the scratch of a pass, from the
-same sizes that allocated them). "act measured" is the measured remainder
+same sizes that allocated them). In 16-bit runs the states include the
+16-bit copy of the weights. "act measured" is the measured remainder
 less the model states and buffers; the ratio to `act_bytes` is what should
 be 1 (anything a step allocates outside the reported buffers, such as GEMM
 or attention scratch, shows up as a ratio above 1). One process, one
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--ztrain", default="build/ztrain")
     ap.add_argument("--seqs", default="1024,2048")
     ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16, fp16")
     ap.add_argument("--json")
     a = ap.parse_args()
     ztrain = os.path.abspath(a.ztrain)
@@ -60,12 +62,13 @@ def main():
     np.random.seed(0)
     np.random.randint(0, 50257, 200000).astype("<u2").tofile(os.path.join(d, "tok.bin"))
 
-    def script(model, seq, recompute):
+    def script(model, seq, recompute, precision="fp32"):
         path = os.path.join(d, "run.lua")
         with open(path, "w") as f:
             f.write(f"""local zt = require "ztrain"
 model = {model}
-train = {{micro_batch = {a.micro_batch}, steps = 1, log_every = 0, recompute = "{recompute}"}}
+train = {{micro_batch = {a.micro_batch}, steps = 1, log_every = 0, recompute = "{recompute}",
+         precision = "{precision}"}}
 data = {{train = "{d}/tok.bin", dtype = "u16", shuffle = false}}
 """)
         return path
@@ -75,21 +78,21 @@ data = {{train = "{d}/tok.bin", dtype = "u16", shuffle = false}}
     base = rss - (m["state_bytes"] + m["buffer_bytes"] + m["act_bytes"])
     print(f"process baseline: {base / MIB:.0f} MiB (a tiny model's peak RSS {rss / MIB:.0f} MiB "
           f"less its reported buffers)")
-    hdr = f"{'seq':>5} {'recompute':>9} {'peak RSS':>9} {'states':>8} {'act reported':>12} {'act measured':>12} {'ratio':>6}"
+    hdr = f"{'precision':>9} {'seq':>5} {'recompute':>9} {'peak RSS':>9} {'states':>8} {'act reported':>12} {'act measured':>12} {'ratio':>6}"
     print(hdr + "   (MiB)")
     results = []
-    for seq in [int(s) for s in a.seqs.split(",")]:
+    for prec, seq in [(p, int(s)) for p in a.precision.split(",") for s in a.seqs.split(",")]:
         model = f"zt.gpt{{vocab = 50257, seq = {seq}, dim = 768, layers = 12, heads = 12}}"
         for rc in ("none", "full"):
-            rss, m = run(ztrain, script(model, seq, rc), [], d)
+            rss, m = run(ztrain, script(model, seq, rc, prec), [], d)
             states = m["state_bytes"] + m["buffer_bytes"]
             measured = rss - base - states
-            r = {"seq": seq, "micro_batch": a.micro_batch, "recompute": rc, "peak_rss": rss,
+            r = {"precision": prec, "seq": seq, "micro_batch": a.micro_batch, "recompute": rc, "peak_rss": rss,
                  "baseline_rss": base, "state_bytes": m["state_bytes"],
                  "buffer_bytes": m["buffer_bytes"], "act_bytes": m["act_bytes"],
                  "act_measured": measured, "ratio": measured / m["act_bytes"]}
             results.append(r)
-            print(f"{seq:>5} {rc:>9} {rss / MIB:>9.0f} {states / MIB:>8.0f} "
+            print(f"{prec:>9} {seq:>5} {rc:>9} {rss / MIB:>9.0f} {states / MIB:>8.0f} "
                   f"{m['act_bytes'] / MIB:>12.0f} {measured / MIB:>12.0f} {r['ratio']:>6.3f}")
     if a.json:
         with open(a.json, "w") as f:
