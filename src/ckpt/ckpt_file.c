@@ -367,12 +367,21 @@ static int describe(hid_t g, const char *gpath, const char *file, zt_ckpt_tensor
   return rc;
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp(((const zt_ckpt_tensor *)a)->name, ((const zt_ckpt_tensor *)b)->name);
+}
+
 /* Lists and describes the tensors of one group (opened by the caller). */
 static int list_group(zt_ckpt_file *cf, hid_t g, zt_ckpt_group which, zt_err *e) {
   const char *gpath = zt_ckpt_group_path[which];
   name_list l = {0};
   hsize_t at = 0;
-  herr_t it = H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, &at, collect, &l);
+  /* native order: in a group of many links HDF5 1.10.8 otherwise builds a
+   * table of them to sort, and on damaged link storage its error path
+   * frees pointers that table never set (a crash under AddressSanitizer on
+   * one of fuzz_load's files); the names are sorted here instead */
+  herr_t it = H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, &at, collect, &l);
+  if (l.n > 1) qsort(l.t, (size_t)l.n, sizeof *l.t, by_name);
   int rc = ZT_OK;
   if (l.why)
     rc = zt_err_set(e, ZT_EINPUT, "%s: %s holds %s (entry %d); refused", cf->path, gpath,
