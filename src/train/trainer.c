@@ -131,9 +131,12 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   }
   if (zero->stage >= 3) {
     zt_zero_shard_weights(&t->zero);
+    /* the passes read gathered units: neither the fp32 weights nor a full
+     * 16-bit copy of them stays */
+    if (m->wc != m->w) m->be->free(ZT_MEM_DEVICE, m->wc);
     m->be->free(ZT_MEM_DEVICE, m->w);
     m->w = NULL;
-    m->wc = NULL; /* fp32 only at stage 3: it was w */
+    m->wc = NULL;
   }
   m->hooks = (zt_model_hooks){.ctx = &t->zero, .before = hook_before, .after = hook_after};
   t->wc_stale = ZT_WC_ALL; /* whatever init or a load leaves in w, rounded at the first pass */
