@@ -25,7 +25,7 @@ static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *fro
 
 static int group_of(const zt_zero *z, int u) { return z->u.group ? z->u.group[u] : 0; }
 
-/* 16 bits of the reduce dtype, or 0 in fp32 */
+/* Whether gradients are summed over dp in 16 bits (cfg.reduce_dtype) */
 static int half_reduce(const zt_zero *z) { return z->cfg.reduce_dtype != ZT_F32; }
 
 static void *alloc_h(zt_zero *z, int64_t n, int64_t *account) {
