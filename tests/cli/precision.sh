@@ -3,7 +3,7 @@
 # precisions, against the single-process 16-bit run:
 #  - bf16 trains (the loss falls) and differs from fp32 by more than
 #    float noise (it is not secretly fp32);
-#  - pp 2 (1F1B) is bitwise the one process: the same operations on the
+#  - pp 2 (1F1B, GPipe, interleaved) is bitwise the one process: the same operations on the
 #    same values, only on two ranks (the reported gradient norm is summed
 #    over the stages in another order);
 #  - zero-bubble at pp 2, dp 2 with ZeRO 0, 1, 2 and 3 (resumed bitwise at 3), tp 2 (with sequence
@@ -75,6 +75,10 @@ if not a[-1] < a[0] - 0.1 or not 1e-5 < d < 5e-2:
 PY
 
 run pp2 2 -e 'parallel = {pp = 2}' && bitwise bf16 pp2 --norm-rtol 1e-14
+run pp2_gpipe 2 -e 'parallel = {pp = 2}; schedule = zt.schedule.gpipe{}' &&
+  bitwise bf16 pp2_gpipe --norm-rtol 1e-14
+run pp2_inter 2 -e 'parallel = {pp = 2}; schedule = zt.schedule.interleaved{chunks = 2}' &&
+  bitwise bf16 pp2_inter --norm-rtol 1e-14
 run pp2_zb 2 -e 'parallel = {pp = 2}; schedule = zt.schedule.zero_bubble{}' && close bf16 pp2_zb 2e-3 5e-3
 run tp2_sp 2 -e 'parallel = {tp = 2, sequence_parallel = true}' && close bf16 tp2_sp 8e-3 3e-2
 for z in 0 1 2 3; do
