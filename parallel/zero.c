@@ -4,6 +4,63 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One model state: flat elements [lo, hi) at p; `alias`: another state's
+ * memory (PARAM is MASTER in fp32), not freed or counted twice. */
+typedef struct state_buf {
+  void *p;
+  int64_t lo, hi;
+  zt_dtype dt;
+  zt_mem_kind mem;
+  int alias;
+} state_buf;
+
+typedef struct zt_bucket {
+  int first, last;     /* units, first > last (backward order) or equal */
+  int64_t lo, hi;      /* flat range */
+  int pending;         /* units whose last backward use is still to come */
+  int open;            /* backward is writing its gradients */
+  int buf;             /* pool buffer while open or in flight, else -1 */
+  int *counts;         /* per dp rank: part of [lo, hi) it owns */
+  zt_req req;
+  int in_flight;
+} zt_bucket;
+
+struct zt_zero {
+  zt_zero_cfg cfg;
+  const zt_backend *be;
+  zt_stream *stream; /* where its copies and adds run: the model's */
+  zt_comm *dp;
+  zt_zero_units u;
+  int64_t numel, S, lo, hi; /* Ψ, shard size, this rank's range */
+  int *counts, *displs;     /* shard of each dp rank */
+  state_buf st[ZT_STATE_KINDS];
+
+  /* stage >= 2: gradient buckets */
+  int n_buckets, *bucket_of;
+  zt_bucket *buckets;
+  int n_bufs;
+  float **bufs, **recv;
+  int *buf_busy;
+  int64_t buf_elems, recv_elems;
+  void **hbufs, **hrecv; /* 16-bit reduce: the buckets converted, sent and received */
+  void *hfull;           /* 16-bit reduce at stage < 2: the gradients converted */
+  int *bwd_uses_left; /* per unit, this micro-batch */
+
+  /* stage 3: gathered units */
+  int n_gbufs;
+  void **gbufs;       /* of param_dtype */
+  int *gbuf_unit;     /* unit in each gather buffer, -1 free */
+  int *unit_gbuf;     /* gather buffer of each unit, -1 none */
+  zt_req *unit_req;   /* gather in flight per unit */
+  int *unit_gathering;
+  int *unit_keep;     /* tied unit: stays until its last backward use */
+  int *fwd_uses;      /* per unit, this micro-batch */
+  int *unit_counts;   /* per unit: gather counts then displacements per dp rank */
+  int64_t gbuf_elems;
+
+  int64_t state_bytes, buffer_bytes; /* model states; gather + bucket buffers */
+};
+
 #define GRAD_BUFFERS 3   /* stage >= 2: two buckets in flight + the tied unit's */
 #define GATHER_BUFFERS 3 /* stage 3: current, prefetched next, tied unit */
 
@@ -22,6 +79,10 @@ int64_t zt_zero_part(int64_t numel, int dp, int r, int64_t a, int64_t b, int64_t
 static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *from) {
   return zt_zero_part(z->numel, z->dp->size, r, a, b, from);
 }
+
+static float *grads(const zt_zero *z) { return z->st[ZT_STATE_GRAD].p; }
+static float *master(const zt_zero *z) { return z->st[ZT_STATE_MASTER].p; }
+static int param_is_master(const zt_zero *z) { return z->st[ZT_STATE_PARAM].alias; }
 
 static int group_of(const zt_zero *z, int u) { return z->u.group ? z->u.group[u] : 0; }
 
@@ -77,28 +138,45 @@ static int plan_buckets(zt_zero *z) {
   return 0;
 }
 
-int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
-                 zt_stream *stream, zt_comm *dp, int64_t numel, const zt_zero_units *units,
-                 float *w_full, float *g_full, zt_err *e) {
-  memset(z, 0, sizeof *z);
+/* State `k` over [lo, hi) in dtype dt at `mem`, counted in state_bytes
+ * (allocation rounded up to S elements for a shard: every rank alike). */
+static int alloc_state(zt_zero *z, zt_state_kind k, int whole, zt_dtype dt, zt_mem_kind mem) {
+  state_buf *b = &z->st[k];
+  int64_t n = whole ? z->numel : z->S;
+  *b = (state_buf){.lo = whole ? 0 : z->lo, .hi = whole ? z->numel : z->hi, .dt = dt, .mem = mem};
+  b->p = z->be->alloc(mem, (size_t)(n > 0 ? n : 1) * zt_dtype_size(dt));
+  z->state_bytes += n * (int64_t)zt_dtype_size(dt);
+  return b->p != NULL;
+}
+
+zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *stream,
+                     zt_comm *dp, int64_t numel, const zt_zero_units *units, zt_err *e) {
+  zt_zero *z = calloc(1, sizeof *z);
+  if (!z) {
+    zt_err_set(e, ZT_ERUNTIME, "out of memory (ZeRO tables)");
+    return NULL;
+  }
   z->cfg = *cfg;
   z->be = be;
   z->stream = stream;
-  z->w_compute = w_full;
-  z->dt = ZT_F32;
   z->dp = dp;
   z->u = *units;
-  if (units->group) { /* read again at every prefetch: the engine keeps a copy */
-    int *grp = malloc((size_t)units->n * sizeof *grp);
-    if (!grp) return zt_err_set(e, ZT_ERUNTIME, "out of memory (ZeRO tables)");
+  z->u.group = NULL;
+  z->numel = numel;
+  z->S = (numel + dp->size - 1) / dp->size;
+  int *grp = units->group ? malloc((size_t)units->n * sizeof *grp) : NULL;
+  z->counts = malloc((size_t)dp->size * sizeof *z->counts);
+  z->displs = malloc((size_t)dp->size * sizeof *z->displs);
+  if ((units->group && !grp) || !z->counts || !z->displs) {
+    free(grp);
+    zt_zero_free(z);
+    zt_err_set(e, ZT_ERUNTIME, "out of memory (ZeRO tables)");
+    return NULL;
+  }
+  if (grp) { /* read again at every prefetch: the engine keeps a copy */
     memcpy(grp, units->group, (size_t)units->n * sizeof *grp);
     z->u.group = grp;
   }
-  z->numel = numel;
-  z->S = (numel + dp->size - 1) / dp->size;
-  z->counts = malloc((size_t)dp->size * sizeof *z->counts);
-  z->displs = malloc((size_t)dp->size * sizeof *z->displs);
-  if (!z->counts || !z->displs) return zt_err_set(e, ZT_ERUNTIME, "out of memory (ZeRO tables)");
   for (int r = 0; r < dp->size; r++) {
     int64_t from;
     z->counts[r] = (int)owned(z, r, 0, numel, &from);
@@ -106,20 +184,18 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
   }
   z->lo = z->displs[dp->rank];
   z->hi = z->lo + z->counts[dp->rank];
-  z->w_full = w_full;
-  z->g_full = g_full;
-  int stage = cfg->stage;
-  int64_t opt_n = stage == 0 ? numel : z->hi - z->lo;
-  int ok = 1;
-  z->state_bytes = (stage < 3 ? numel : 0) * 4 + (stage < 2 ? numel : 0) * 4;
-  ok = ok && (z->m = alloc_f(z, opt_n, &z->state_bytes)) && (z->v = alloc_f(z, opt_n, &z->state_bytes));
-  if (stage >= 2) ok = ok && (z->g_shard = alloc_f(z, z->S, &z->state_bytes));
-  if (stage >= 3) ok = ok && (z->w_shard = alloc_f(z, z->S, &z->state_bytes));
-  size_t cx = zt_dtype_size(cfg->compute_dtype);
-  if (stage >= 3 && cfg->compute_dtype != ZT_F32) {
-    ok = ok && (z->wc_shard = z->be->alloc(ZT_MEM_DEVICE, (size_t)(z->S ? z->S : 1) * cx));
-    z->state_bytes += z->S * (int64_t)cx;
-  }
+  int stage = cfg->stage, half = cfg->param_dtype != ZT_F32;
+  zt_mem_kind dev = ZT_MEM_DEVICE, place = cfg->placement;
+  /* the masters live where the policy places them, unless the passes
+   * compute with them (fp32): then on the device */
+  int ok = alloc_state(z, ZT_STATE_PARAM, stage < 3, cfg->param_dtype, dev);
+  if (half) ok = ok && alloc_state(z, ZT_STATE_MASTER, stage == 0, ZT_F32, place);
+  else z->st[ZT_STATE_MASTER] = z->st[ZT_STATE_PARAM];
+  z->st[ZT_STATE_PARAM].alias = !half;
+  ok = ok && alloc_state(z, ZT_STATE_GRAD, stage < 2, ZT_F32, dev) &&
+       alloc_state(z, ZT_STATE_EXP_AVG, stage == 0, ZT_F32, place) &&
+       alloc_state(z, ZT_STATE_EXP_AVG_SQ, stage == 0, ZT_F32, place);
+  size_t cx = zt_dtype_size(cfg->param_dtype);
   if (ok && stage >= 2) {
     int n = units->n;
     z->bwd_uses_left = calloc((size_t)n, sizeof(int));
@@ -176,18 +252,16 @@ int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
   }
   if (!ok) {
     zt_zero_free(z);
-    return zt_err_set(e, ZT_ERUNTIME, "out of memory for ZeRO stage %d state", stage);
+    zt_err_set(e, ZT_ERUNTIME, "out of memory for ZeRO stage %d state", stage);
+    return NULL;
   }
-  return ZT_OK;
+  return z;
 }
 
 void zt_zero_free(zt_zero *z) {
-  if (!z->be) return;
-  z->be->free(ZT_MEM_DEVICE, z->m);
-  z->be->free(ZT_MEM_DEVICE, z->v);
-  z->be->free(ZT_MEM_DEVICE, z->g_shard);
-  z->be->free(ZT_MEM_DEVICE, z->w_shard);
-  z->be->free(ZT_MEM_DEVICE, z->wc_shard);
+  if (!z) return;
+  for (int k = 0; k < ZT_STATE_KINDS; k++)
+    if (z->st[k].p && !z->st[k].alias) z->be->free(z->st[k].mem, z->st[k].p);
   for (int i = 0; z->bufs && i < z->n_bufs; i++) {
     z->be->free(ZT_MEM_DEVICE, z->bufs[i]);
     z->be->free(ZT_MEM_DEVICE, z->recv[i]);
@@ -216,22 +290,42 @@ void zt_zero_free(zt_zero *z) {
   free(z->counts);
   free(z->displs);
   free((void *)z->u.group);
-  memset(z, 0, sizeof *z);
+  free(z);
 }
 
-void zt_zero_shard_weights(zt_zero *z) {
-  z->be->copy(z->stream, z->w_shard, z->w_full + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
-  z->w_full = NULL;
-  zt_zero_sync_compute(z);
+int zt_zero_stage(const zt_zero *z) { return z->cfg.stage; }
+
+zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind) {
+  const state_buf *b = &z->st[kind];
+  return (zt_state_view){.data = b->p, .lo = b->lo, .hi = b->hi, .dtype = b->dt, .mem = b->mem};
 }
 
-void zt_zero_sync_compute(zt_zero *z) {
-  if (z->wc_shard)
-    z->be->convert(z->stream, z->cfg.compute_dtype, z->wc_shard, ZT_F32, z->w_shard,
-                   (size_t)(z->hi - z->lo));
+void zt_zero_shard(const zt_zero *z, int64_t *lo, int64_t *hi) {
+  *lo = z->lo;
+  *hi = z->hi;
 }
 
-void *zt_zero_update_copy(zt_zero *z) { return z->wc_shard; }
+void zt_zero_bytes(const zt_zero *z, int64_t *states, int64_t *buffers) {
+  *states = z->state_bytes;
+  *buffers = z->buffer_bytes;
+}
+
+/* PARAM at flat element i (its range must hold i). */
+static void *param_at(const zt_zero *z, int64_t i) {
+  const state_buf *b = &z->st[ZT_STATE_PARAM];
+  return (char *)b->p + (size_t)(i - b->lo) * zt_dtype_size(b->dt);
+}
+
+void zt_zero_sync_params(zt_zero *z) {
+  if (param_is_master(z)) return;
+  const state_buf *w = &z->st[ZT_STATE_MASTER];
+  z->be->convert(z->stream, z->cfg.param_dtype, param_at(z, w->lo), ZT_F32, w->p,
+                 (size_t)(w->hi - w->lo));
+  if (w->hi - w->lo < z->st[ZT_STATE_PARAM].hi - z->st[ZT_STATE_PARAM].lo) {
+    z->be->stream_sync(z->stream); /* MPI reads it */
+    zt_comm_allgather(z->dp, z->st[ZT_STATE_PARAM].p, z->counts, z->displs, z->cfg.param_dtype);
+  }
+}
 
 /* ---- stage >= 2: gradient buckets ------------------------------------- */
 
@@ -242,7 +336,7 @@ static void finish_bucket(zt_zero *z, zt_bucket *b) {
   if (n && half_reduce(z))
     z->be->convert(z->stream, ZT_F32, z->recv[b->buf], z->cfg.reduce_dtype, z->hrecv[b->buf],
                    (size_t)n);
-  if (n) z->be->add(z->stream, ZT_F32, z->g_shard + (from - z->lo), z->recv[b->buf], (size_t)n);
+  if (n) z->be->add(z->stream, ZT_F32, grads(z) + (from - z->lo), z->recv[b->buf], (size_t)n);
   z->buf_busy[b->buf] = 0;
   b->buf = -1;
   b->in_flight = 0;
@@ -320,12 +414,11 @@ static void start_gather(zt_zero *z, int unit) {
   /* MPI reads the count arrays until the gather completes: they persist */
   int *counts = z->unit_counts + (size_t)unit * 2 * z->dp->size, *displs = counts + z->dp->size;
   int me = z->dp->rank;
-  zt_dtype t = z->cfg.compute_dtype;
+  zt_dtype t = z->cfg.param_dtype;
   size_t x = zt_dtype_size(t);
-  const char *src = z->wc_shard ? z->wc_shard : (const void *)z->w_shard;
   if (counts[me])
     z->be->copy(z->stream, (char *)z->gbufs[k] + (size_t)displs[me] * x,
-                src + (size_t)(a + displs[me] - z->lo) * x, (size_t)counts[me] * x);
+                param_at(z, a + displs[me]), (size_t)counts[me] * x);
   z->be->stream_sync(z->stream); /* MPI reads the buffer */
   zt_comm_iallgather(z->dp, z->gbufs[k], counts, displs, t, &z->unit_req[unit]);
   z->unit_gathering[unit] = 1;
@@ -381,16 +474,11 @@ void zt_zero_microbatch_begin(zt_zero *z) {
   }
 }
 
-void zt_zero_set_compute(zt_zero *z, void *w, zt_dtype dt) {
-  z->w_compute = w;
-  z->dt = dt;
-}
-
 void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, void **w, float **g) {
   int64_t s = z->u.start[unit];
   int backward = pass != ZT_ZERO_FWD, need_g = pass == ZT_ZERO_BWD || pass == ZT_ZERO_BWD_WEIGHT;
   if (z->cfg.stage < 3) {
-    *w = (char *)z->w_compute + (size_t)s * zt_dtype_size(z->dt);
+    *w = param_at(z, s);
   } else if (pass == ZT_ZERO_BWD_WEIGHT) {
     *w = NULL; /* W needs no weights: nothing to gather */
   } else {
@@ -401,7 +489,7 @@ void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, void **w, float **g
     if (head_use && !backward) z->unit_keep[unit] = 1;
     *w = use_weights(z, unit, backward, !head_use);
   }
-  if (z->cfg.stage < 2) *g = z->g_full + s;
+  if (z->cfg.stage < 2) *g = grads(z) + s;
   else *g = need_g ? open_grads(z, unit) : NULL;
   if (z->cfg.stage >= 2) progress(z);
 }
@@ -423,39 +511,36 @@ void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass) {
 /* ---- step -------------------------------------------------------------- */
 
 void zt_zero_grads_begin(zt_zero *z) {
-  if (z->cfg.stage < 2) z->be->memzero(z->stream, z->g_full, (size_t)z->numel * sizeof(float));
-  else z->be->memzero(z->stream, z->g_shard, (size_t)z->S * sizeof(float));
+  const state_buf *g = &z->st[ZT_STATE_GRAD];
+  z->be->memzero(z->stream, g->p, (size_t)(z->cfg.stage < 2 ? z->numel : z->S) * sizeof(float));
 }
 
-void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
+void zt_zero_grads_end(zt_zero *z, zt_zero_range *r) {
+  float *g = grads(z);
   switch (z->cfg.stage) {
     case 0:
       if (half_reduce(z)) {
         zt_dtype t = z->cfg.reduce_dtype;
-        z->be->convert(z->stream, t, z->hfull, ZT_F32, z->g_full, (size_t)z->numel);
+        z->be->convert(z->stream, t, z->hfull, ZT_F32, g, (size_t)z->numel);
         z->be->stream_sync(z->stream);
         zt_comm_allreduce(z->dp, z->hfull, (size_t)z->numel, t, ZT_SUM);
-        z->be->convert(z->stream, ZT_F32, z->g_full, t, z->hfull, (size_t)z->numel);
+        z->be->convert(z->stream, ZT_F32, g, t, z->hfull, (size_t)z->numel);
       } else {
-        zt_comm_allreduce(z->dp, z->g_full, (size_t)z->numel, ZT_F32, ZT_SUM);
+        zt_comm_allreduce(z->dp, g, (size_t)z->numel, ZT_F32, ZT_SUM);
       }
-      *w = z->w_full;
-      *g = z->g_full;
-      return;
+      break;
     case 1:
-      /* in place: this rank's part lands at the start of g_full */
+      /* in place: this rank's part lands at the start of the gradients */
       if (half_reduce(z)) {
         zt_dtype t = z->cfg.reduce_dtype;
-        z->be->convert(z->stream, t, z->hfull, ZT_F32, z->g_full, (size_t)z->numel);
+        z->be->convert(z->stream, t, z->hfull, ZT_F32, g, (size_t)z->numel);
         z->be->stream_sync(z->stream);
         zt_comm_reduce_scatter(z->dp, z->hfull, z->hfull, z->counts, t, ZT_SUM);
-        z->be->convert(z->stream, ZT_F32, z->g_full, t, z->hfull, (size_t)z->counts[z->dp->rank]);
+        z->be->convert(z->stream, ZT_F32, g, t, z->hfull, (size_t)z->counts[z->dp->rank]);
       } else {
-        zt_comm_reduce_scatter(z->dp, z->g_full, z->g_full, z->counts, ZT_F32, ZT_SUM);
+        zt_comm_reduce_scatter(z->dp, g, g, z->counts, ZT_F32, ZT_SUM);
       }
-      *w = z->w_full + z->lo;
-      *g = z->g_full;
-      return;
+      break;
     default:
       for (int i = 0; i < z->n_buckets; i++)
         if (z->buckets[i].in_flight) finish_bucket(z, &z->buckets[i]);
@@ -467,25 +552,30 @@ void zt_zero_grads_end(zt_zero *z, float **w, float **g) {
           z->unit_keep[z->gbuf_unit[i]] = 0;
           release_unit(z, z->gbuf_unit[i]);
         }
-      *w = z->cfg.stage == 2 ? z->w_full + z->lo : z->w_shard;
-      *g = z->g_shard;
   }
+  int64_t lo = z->cfg.stage == 0 ? 0 : z->lo, hi = z->cfg.stage == 0 ? z->numel : z->hi;
+  const state_buf *w = &z->st[ZT_STATE_MASTER];
+  *r = (zt_zero_range){.lo = lo, .hi = hi, .w = master(z) + (lo - w->lo), .g = g,
+                       .m = z->st[ZT_STATE_EXP_AVG].p, .v = z->st[ZT_STATE_EXP_AVG_SQ].p,
+                       .w16 = param_is_master(z) ? NULL : param_at(z, lo),
+                       .dt16 = z->cfg.param_dtype};
 }
 
 void zt_zero_params_sync(zt_zero *z) {
   if (z->cfg.stage != 1 && z->cfg.stage != 2) return;
-  zt_comm_allgather(z->dp, z->w_full, z->counts, z->displs, ZT_F32);
+  z->be->stream_sync(z->stream); /* MPI reads what the update wrote */
+  zt_comm_allgather(z->dp, z->st[ZT_STATE_PARAM].p, z->counts, z->displs, z->cfg.param_dtype);
 }
 
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src) {
   if (n <= 0) return;
-  if (z->cfg.stage < 2) z->be->add(z->stream, ZT_F32, z->g_full + a, src, (size_t)n);
-  else z->be->add(z->stream, ZT_F32, z->g_shard + (a - z->lo), src, (size_t)n);
+  if (z->cfg.stage < 2) z->be->add(z->stream, ZT_F32, grads(z) + a, src, (size_t)n);
+  else z->be->add(z->stream, ZT_F32, grads(z) + (a - z->lo), src, (size_t)n);
 }
 
 const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,
                                    int64_t *n) {
   *n = owned(z, z->dp->rank, a, b, from);
   if (!*n) return NULL;
-  return z->cfg.stage < 3 ? z->w_full + *from : z->w_shard + (*from - z->lo);
+  return master(z) + (*from - z->st[ZT_STATE_MASTER].lo);
 }

@@ -15,7 +15,12 @@
  * whole), not models: the trainer connects the model's hooks to
  * zt_zero_before/after. A unit may be empty (a pipeline stage holds only
  * its own blocks); units of different groups (a stage's chunks, which run
- * as separate pipeline actions) never share a bucket or a prefetch. */
+ * as separate pipeline actions) never share a bucket or a prefetch.
+ * The engine owns the model states (weights, fp32 masters, gradients,
+ * moments) under one policy (zt_zero_cfg): it allocates them as its stage
+ * shards them and frees them; the model computes with what zt_zero_before
+ * hands it, the optimizer updates a zt_zero_range, and initialisation and
+ * checkpoints read and write through zt_zero_state. */
 #ifndef ZT_ZERO_H
 #define ZT_ZERO_H
 
@@ -29,13 +34,18 @@ typedef struct zt_zero_cfg {
   int stage;
   int64_t bucket_bytes; /* stage >= 2: gradient bucket size */
   int overlap;          /* stage >= 2: reduce while backward goes on */
-  /* The dtype gradients are summed in over dp (ZT_F32, the default, or
-   * ZT_BF16 / ZT_F16: half the bytes, each partial sum rounded to 16 bits);
-   * they are accumulated and kept in fp32 either way. */
+  /* The policy of the state group (this rank's flat buffer, Ψ elements).
+   * param_dtype: the weights the passes compute with (the model's dtype);
+   * in 16 bits they are a rounded copy of fp32 master weights, else the
+   * masters themselves. reduce_dtype: what gradients are summed in over dp
+   * (ZT_F32, the default, or ZT_BF16 / ZT_F16: half the bytes, each partial
+   * sum rounded to 16 bits); they are accumulated and kept in fp32 either
+   * way. The masters, gradients and AdamW moments are fp32. placement:
+   * where the masters and moments live (ZT_MEM_DEVICE; offload moves them
+   * to pinned host memory). */
+  zt_dtype param_dtype;
   zt_dtype reduce_dtype;
-  /* The dtype the passes compute with (the model's): at stage 3 the
-   * weights are gathered in it, from a rounded copy of the fp32 shard. */
-  zt_dtype compute_dtype;
+  zt_mem_kind placement;
 } zt_zero_cfg;
 
 typedef struct zt_zero_units {
@@ -46,79 +56,65 @@ typedef struct zt_zero_units {
   int final_unit;               /* the unit whose phases use tied_unit */
 } zt_zero_units;
 
-typedef struct zt_bucket {
-  int first, last;     /* units, first > last (backward order) or equal */
-  int64_t lo, hi;      /* flat range */
-  int pending;         /* units whose last backward use is still to come */
-  int open;            /* backward is writing its gradients */
-  int buf;             /* pool buffer while open or in flight, else -1 */
-  int *counts;         /* per dp rank: part of [lo, hi) it owns */
-  zt_req req;
-  int in_flight;
-} zt_bucket;
+/* The engine; its internals are zero.c's. */
+typedef struct zt_zero zt_zero;
 
-typedef struct zt_zero {
-  zt_zero_cfg cfg;
-  const zt_backend *be;
-  zt_stream *stream; /* where its copies and adds run: the model's */
-  zt_comm *dp;
-  zt_zero_units u;
-  int64_t numel, S, lo, hi; /* Ψ, shard size, this rank's range */
-  int *counts, *displs;     /* shard of each dp rank */
+/* The model states the engine owns. Whole (flat range [0, Ψ)) or this
+ * rank's shard [lo, hi) as the stage says:
+ *   PARAM        whole at stages 0-2, the shard at 3 (gathered per unit);
+ *   MASTER       PARAM itself in fp32; in 16 bits whole at stage 0 and the
+ *                shard from stage 1 (the optimizer updates only its range);
+ *   GRAD         whole at stages 0-1, the shard from 2;
+ *   EXP_AVG(_SQ) whole at stage 0, the shard from 1. */
+typedef enum {
+  ZT_STATE_PARAM = 0,
+  ZT_STATE_MASTER,
+  ZT_STATE_GRAD,
+  ZT_STATE_EXP_AVG,
+  ZT_STATE_EXP_AVG_SQ,
+  ZT_STATE_KINDS
+} zt_state_kind;
 
-  float *w_full, *g_full;   /* stage < 3 / stage < 2; owned by the model */
-  void *w_compute;          /* stage < 3: the weights the passes read (w_full,
-                               or its 16-bit copy), of dtype dt */
-  zt_dtype dt;
-  float *w_shard, *g_shard; /* stage 3 / stage >= 2 */
-  void *wc_shard;           /* stage 3, 16-bit: w_shard rounded, what is gathered */
-  float *m, *v;             /* AdamW state for [lo, hi) (all of Ψ at stage 0) */
+/* One state on this rank: flat elements [lo, hi), element lo at data. */
+typedef struct zt_state_view {
+  void *data;
+  int64_t lo, hi;
+  zt_dtype dtype;
+  zt_mem_kind mem;
+} zt_state_view;
 
-  /* stage >= 2: gradient buckets */
-  int n_buckets, *bucket_of;
-  zt_bucket *buckets;
-  int n_bufs;
-  float **bufs, **recv;
-  int *buf_busy;
-  int64_t buf_elems, recv_elems;
-  void **hbufs, **hrecv; /* 16-bit reduce: the buckets converted, sent and received */
-  void *hfull;           /* 16-bit reduce at stage < 2: the gradients converted */
-  int *bwd_uses_left; /* per unit, this micro-batch */
+/* What one optimizer step updates on this rank (all of Ψ at stage 0, the
+ * shard otherwise), every pointer at element lo: fp32 master weights,
+ * summed gradients and moments; w16 is where the update writes the
+ * weights rounded to param_dtype in the same pass (NULL in fp32). */
+typedef struct zt_zero_range {
+  int64_t lo, hi;
+  float *w, *g, *m, *v;
+  void *w16;
+  zt_dtype dt16;
+} zt_zero_range;
 
-  /* stage 3: gathered units */
-  int n_gbufs;
-  void **gbufs;       /* of the compute dtype */
-  int *gbuf_unit;     /* unit in each gather buffer, -1 free */
-  int *unit_gbuf;     /* gather buffer of each unit, -1 none */
-  zt_req *unit_req;   /* gather in flight per unit */
-  int *unit_gathering;
-  int *unit_keep;     /* tied unit: stays until its last backward use */
-  int *fwd_uses;      /* per unit, this micro-batch */
-  int *unit_counts;   /* per unit: gather counts then displacements per dp rank */
-  int64_t gbuf_elems;
-
-  int64_t state_bytes, buffer_bytes; /* model states; gather + bucket buffers */
-} zt_zero;
-
-/* w_full/g_full: the model's full flat buffers (Ψ elements each). At stage
- * 3 the caller initialises or loads w_full, then calls zt_zero_shard_weights
- * and may free both; at stage 2 it may free g_full. */
-int zt_zero_init(zt_zero *z, const zt_zero_cfg *cfg, const zt_backend *be,
-                 zt_stream *stream, zt_comm *dp, int64_t numel, const zt_zero_units *units,
-                 float *w_full, float *g_full, zt_err *e);
+/* Allocates every state of the stage under cfg's policy (PARAM, MASTER,
+ * GRAD, the moments: zeroed) and the buffers the stage needs; the caller
+ * then fills MASTER (initial values or a load) and calls
+ * zt_zero_sync_params. NULL with *e set on failure. */
+zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *stream,
+                     zt_comm *dp, int64_t numel, const zt_zero_units *units, zt_err *e);
 void zt_zero_free(zt_zero *z);
 
-/* Stage 3: keeps this rank's range of w_full, which may then be freed. */
-void zt_zero_shard_weights(zt_zero *z);
+int zt_zero_stage(const zt_zero *z);
+zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind);
+/* This rank's shard [lo, hi) of the flat buffer (its ZeRO partition). */
+void zt_zero_shard(const zt_zero *z, int64_t *lo, int64_t *hi);
+/* Bytes of the model states (every buffer of zt_zero_state, once) and of
+ * the gather and bucket buffers. */
+void zt_zero_bytes(const zt_zero *z, int64_t *states, int64_t *buffers);
 
-/* Stage 3 in 16 bits: the shard gathered from (wc_shard) made equal to the
- * fp32 one, rounded; after the shard changed other than by an update that
- * wrote it (a load). Nothing otherwise. */
-void zt_zero_sync_compute(zt_zero *z);
-
-/* Where an update of this rank's range writes its 16-bit copy in the same
- * pass: the stage-3 gather source, or NULL (zt_optim_update's w16). */
-void *zt_zero_update_copy(zt_zero *z);
+/* PARAM made equal to MASTER after MASTER changed other than by an update
+ * (initial values, a load): rounded to param_dtype and, at stages 1-2 in
+ * 16 bits, all-gathered over dp (collective). Nothing in fp32 at stage
+ * 0-2 or 3 (PARAM is MASTER). */
+void zt_zero_sync_params(zt_zero *z);
 
 /* Start of a micro-batch (resets per-micro-batch use counts). */
 void zt_zero_microbatch_begin(zt_zero *z);
@@ -134,23 +130,18 @@ typedef enum {
   ZT_ZERO_BWD_WEIGHT = 3
 } zt_zero_pass;
 
-/* Around each use of a unit; return where its weights/gradients are (NULL
- * for what the pass does not use). */
+/* Around each use of a unit; return where its weights (param_dtype) and
+ * gradients (fp32) are (NULL for what the pass does not use). */
 void zt_zero_before(zt_zero *z, int unit, zt_zero_pass pass, void **w, float **g);
-
-/* Stage < 3: the passes compute with w (dtype dt), a copy of w_full kept
- * equal to it by the caller (16-bit training); by default w_full itself. */
-void zt_zero_set_compute(zt_zero *z, void *w, zt_dtype dt);
 void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass);
 
 /* Start of a step: zero the gradients this rank accumulates. */
 void zt_zero_grads_begin(zt_zero *z);
-/* After the last micro-batch: finish the gradient reduction. Afterwards
- * *g points at the summed gradients of [z->lo, z->hi) (stage 0: of all Ψ,
- * lo = 0, hi = Ψ) and *w at the parameters of that range. */
-void zt_zero_grads_end(zt_zero *z, float **w, float **g);
-/* After the optimizer: make every rank's full parameters current again
- * (stages 1 and 2; nothing to do at 0 and 3). */
+/* After the last micro-batch: finish the gradient reduction; *r is what
+ * this rank's optimizer step updates. */
+void zt_zero_grads_end(zt_zero *z, zt_zero_range *r);
+/* After the optimizer: make every rank's PARAM current again (stages 1
+ * and 2: all-gathered in param_dtype; at 0 and 3 the update wrote it). */
 void zt_zero_params_sync(zt_zero *z);
 
 /* The part of flat range [a, b) that dp rank r of `dp` ranks owns in a
@@ -163,7 +154,7 @@ int64_t zt_zero_part(int64_t numel, int dp, int r, int64_t a, int64_t b, int64_t
  * (the reduction then counts it once), at stages 2 and 3 into the reduced
  * shard after it. */
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src);
-/* The current weights of this rank's part of [a, b) (NULL when none). */
+/* The current fp32 weights of this rank's part of [a, b) (NULL when none). */
 const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,
                                    int64_t *n);
 

@@ -44,13 +44,15 @@ uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first) {
 
 /* ---- where each state lives on this rank ------------------------------------ */
 
-/* Base pointer such that flat element i of state `which` (0 weights, 1
- * exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range [lo, hi) present. */
+/* Base pointer such that flat element i of state `which` (0 weights: the
+ * fp32 masters, 1 exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range
+ * [lo, hi) present. */
 float *zt_ckpti_state_at(const zt_zero *z, int which, int64_t *lo, int64_t *hi) {
-  int full = which == 0 ? z->cfg.stage < 3 : z->cfg.stage == 0;
-  *lo = full ? 0 : z->lo;
-  *hi = full ? z->numel : z->hi;
-  return which == 0 ? (z->cfg.stage < 3 ? z->w_full : z->w_shard) : which == 1 ? z->m : z->v;
+  static const zt_state_kind kind[3] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG, ZT_STATE_EXP_AVG_SQ};
+  zt_state_view v = zt_zero_state(z, kind[which]);
+  *lo = v.lo;
+  *hi = v.hi;
+  return v.data;
 }
 
 /* ---- hyperslabs ------------------------------------------------------------ */
@@ -137,7 +139,8 @@ uint64_t zt_ckpti_piece_checksum(const zt_tensor_desc *t, const float *data, int
 void zt_ckpti_counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int64_t *a,
                           int64_t *b) {
   const zt_model *m = s->m;
-  int64_t off = t->offset, lo = s->z->lo, hi = s->z->hi;
+  int64_t off = t->offset, lo, hi;
+  zt_zero_shard(s->z, &lo, &hi);
   if (off < 0) { /* another pipeline stage holds it */
     *a = *b = 0;
     return;
@@ -152,7 +155,7 @@ void zt_ckpti_counted_range(const zt_ckpt_state *s, const zt_tensor_desc *t, int
 static char *topology_json(const zt_ckpt_state *s) {
   const zt_grid *g = s->grid;
   json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:b}", "world", g->world.size, "dp", g->dp,
-                        "tp", g->tp, "pp", g->pp, "zero", s->z->cfg.stage, "sequence_parallel",
+                        "tp", g->tp, "pp", g->pp, "zero", zt_zero_stage(s->z), "sequence_parallel",
                         s->m->cfg.sequence_parallel);
   char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);

@@ -263,12 +263,13 @@ static double logical_params(const zt_model *m) {
 static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *tr,
                          const zt_report *rep) {
   const zt_model_cfg *c = &p->model;
-  const zt_zero *z = &tr->zero;
+  int64_t states, buffers;
+  zt_trainer_bytes(tr, &states, &buffers);
   int nre = 0;
   for (int l = 0; c->recompute && l < c->layers; l++) nre += c->recompute[l] != 0;
   char prec[96] = "";
   if (m->dt != ZT_F32)
-    snprintf(prec, sizeof prec, " | precision %s (weights, gradients and moments in fp32)",
+    snprintf(prec, sizeof prec, " | precision %s (fp32 master weights, gradients and moments)",
              m->dt == ZT_BF16 ? "bf16" : "fp16");
   char recompute[64] = "";
   if (nre)
@@ -284,7 +285,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
-         omp_get_max_threads(), prec, (z->state_bytes + zt_model_copy_bytes(m)) / 1048576.0, z->buffer_bytes / 1048576.0,
+         omp_get_max_threads(), prec, states / 1048576.0, buffers / 1048576.0,
          m->act_bytes / 1048576.0, recompute, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
          : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
@@ -358,15 +359,12 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                               &grid.tp_comm, piped ? &stage : NULL, e);
   zt_pipe_stage_free(&stage);
   rc = agree(world, rc, e);
-  if (!rc) {
-    rc = zt_model_init_weights(&model, plan.train.seed, e);
-    if (!rc)
-      rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
-                           &plan.pipeline.schedule, &train_tok,
-                           plan.data.val ? &val_tok : NULL, plan.data.shuffle, e);
-  }
+  if (!rc)
+    rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
+                         &plan.pipeline.schedule, &train_tok, plan.data.val ? &val_tok : NULL,
+                         plan.data.shuffle, e);
   rc = agree(world, rc, e);
-  zt_ckpt_state cs = {.m = &model, .z = &tr.zero, .grid = &grid, .step = &tr.t,
+  zt_ckpt_state cs = {.m = &model, .z = tr.zero, .grid = &grid, .step = &tr.t,
                       .skipped = &tr.skipped, .scaler = &tr.scaler, .plan_json = plan.json,
                       .script_text = plan.script_text,
                       .global_batch = plan.train.global_batch, .samples = train_tok.samples,
@@ -404,8 +402,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     snprintf(where, sizeof where, "step:%lld", (long long)tr.t + 1);
     zt_watchdog_test_stop(where);
     rc = zt_trainer_step(&tr, &st, e); /* a failure is the same on every rank */
-    st.state_bytes = tr.zero.state_bytes + zt_model_copy_bytes(&model);
-    st.buffer_bytes = tr.zero.buffer_bytes;
+    zt_trainer_bytes(&tr, &st.state_bytes, &st.buffer_bytes);
     st.act_bytes = (int64_t)model.act_bytes;
     zt_report_step(&rep, &st);
     if (rc) break; /* before any checkpoint of this state */

@@ -272,48 +272,36 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
       return rc;
     }
   }
-  m->w = be->alloc(ZT_MEM_DEVICE, wbytes ? wbytes : 1);
-  m->g = be->alloc(ZT_MEM_DEVICE, wbytes ? wbytes : 1);
   m->arena = be->alloc(ZT_MEM_DEVICE, cv.used);
   m->stream = be->stream_new();
-  m->wc = m->dt == ZT_F32 ? m->w : be->alloc(ZT_MEM_DEVICE, (size_t)(m->numel ? m->numel : 1) * x);
   if (tied_copy) {
     m->tied_w = be->alloc(ZT_MEM_DEVICE, tied_bytes);
     m->tied_g = be->alloc(ZT_MEM_DEVICE, tied_bytes);
     m->tied_wc = m->dt == ZT_F32 ? m->tied_w
                                  : be->alloc(ZT_MEM_DEVICE, tied_bytes / sizeof(float) * x);
   }
-  if (!chunks_ok || !m->host_losses || !m->w || !m->g || !m->arena || !m->stream || !m->wc ||
+  if (!chunks_ok || !m->host_losses || !m->arena || !m->stream ||
       (tied_copy && (!m->tied_w || !m->tied_g || !m->tied_wc)) || (m->kv_rep > 1 && !m->kv) ||
       (m->sp && (!m->sp_counts || !m->sp_displs))) {
-    double gib = (2.0 * (wbytes + tied_bytes) + copies + cv.used) / (1 << 30);
+    double gib = (2.0 * tied_bytes + cv.used) / (1 << 30);
     zt_model_free(m);
     return zt_err_set(e, ZT_EINPUT,
                       "out of memory: the model needs %.2f GiB on backend %s "
-                      "(weights and gradients %.2f GiB, activations for "
-                      "micro_batch %d: %.2f GiB); try a smaller micro_batch",
-                      gib, be->name, 2.0 * (wbytes + tied_bytes) / (1 << 30), micro_batch,
-                      (double)cv.used / (1 << 30));
+                      "(activations for micro_batch %d: %.2f GiB); try a smaller micro_batch",
+                      gib, be->name, micro_batch, (double)cv.used / (1 << 30));
   }
   m->act_bytes = cv.used;
   cv = (carver){.base = (char *)m->arena};
   carve_all(m, &cv);
-  for (int u = 0; u < m->n_units; u++) {
-    m->unit_w[u] = (char *)m->wc + (size_t)m->unit_start[u] * x;
-    m->unit_g[u] = m->g + m->unit_start[u];
-  }
   if (cfg->arch == ZT_ARCH_LLAMA) upload_rope(m);
   return ZT_OK;
 }
 
 void zt_model_free(zt_model *m) {
   if (m->be) {
-    m->be->free(ZT_MEM_DEVICE, m->w);
-    m->be->free(ZT_MEM_DEVICE, m->g);
     m->be->free(ZT_MEM_DEVICE, m->arena);
     m->be->free(ZT_MEM_DEVICE, m->tied_w);
     m->be->free(ZT_MEM_DEVICE, m->tied_g);
-    if (m->wc != m->w) m->be->free(ZT_MEM_DEVICE, m->wc);
     if (m->tied_wc != m->tied_w) m->be->free(ZT_MEM_DEVICE, m->tied_wc);
     if (m->stream) m->be->stream_free(m->stream);
   }
@@ -359,19 +347,24 @@ static void head_hooks(zt_model *m, zt_phase ph, int start) {
 
 void *zt_model_input(zt_model *m, int c, int s) { return m->chunks[c].slots[s].res[0]; }
 
-void zt_model_sync_weights(zt_model *m, int all) {
-  if (m->dt == ZT_F32) return;
-  if (all && m->w) m->be->convert(m->stream, m->dt, m->wc, ZT_F32, m->w, (size_t)m->numel);
-  if (m->tied_w)
-    m->be->convert(m->stream, m->dt, m->tied_wc, ZT_F32, m->tied_w,
-                   (size_t)m->params[m->embed_tok].t.numel);
+void zt_model_bind(zt_model *m, void *w, float *g) {
+  size_t x = zt_dtype_size(m->dt);
+  for (int u = 0; u < m->n_units; u++) {
+    m->unit_w[u] = (char *)w + (size_t)m->unit_start[u] * x;
+    m->unit_g[u] = g + m->unit_start[u];
+  }
 }
 
-int64_t zt_model_copy_bytes(const zt_model *m) {
-  if (m->dt == ZT_F32) return 0;
-  int64_t n = m->wc ? m->numel : 0;
-  if (m->tied_wc) n += m->params[m->embed_tok].t.numel;
-  return n * (int64_t)zt_dtype_size(m->dt);
+void zt_model_sync_tied(zt_model *m) {
+  if (m->dt == ZT_F32 || !m->tied_w) return;
+  m->be->convert(m->stream, m->dt, m->tied_wc, ZT_F32, m->tied_w,
+                 (size_t)m->params[m->embed_tok].t.numel);
+}
+
+int64_t zt_model_state_bytes(const zt_model *m) {
+  if (!m->tied_w) return 0;
+  int64_t n = m->params[m->embed_tok].t.numel;
+  return n * (2 * (int64_t)sizeof(float) + (m->dt == ZT_F32 ? 0 : (int64_t)zt_dtype_size(m->dt)));
 }
 
 const void *zt_model_output(const zt_model *m, int c, int s) {

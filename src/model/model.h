@@ -185,10 +185,9 @@ typedef struct zt_model {
 
   int n_params;
   zt_param *params; /* every tensor of the model; .here: held by this rank */
-  int64_t numel;   /* elements in this rank's flat parameter buffer */
-  float *w, *g;    /* device: parameters, gradients (same layout), fp32 */
-  void *wc;        /* the weights computed with, in dt: w itself in fp32,
-                      else a 16-bit copy (zt_model_sync_weights) */
+  int64_t numel;   /* elements in this rank's flat parameter buffer (the
+                      weights and gradients are not the model's: the ZeRO
+                      engine, or zt_model_bind, lends them per unit) */
   int embed_tok, embed_pos, final_w, final_b, head; /* indices, -1 if absent */
   zt_block_params *blocks;
 
@@ -197,7 +196,7 @@ typedef struct zt_model {
   int64_t *unit_start;      /* first element of each unit in the flat buffer */
   int64_t *unit_numel;
   void **unit_w;            /* where each unit's compute weights (dt) are now */
-  float **unit_g;           /* and its gradients; by default inside wc and g */
+  float **unit_g;           /* and its gradients (fp32): set by the hooks or zt_model_bind */
   zt_model_hooks hooks;     /* optional; NULL functions = no calls */
 
   /* pipeline: this rank's chunks; a tied head on a stage without the
@@ -246,28 +245,37 @@ int zt_model_sp_check(const zt_model_cfg *cfg, int micro_batch, int tp, zt_err *
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
                     int tp_rank, zt_err *e);
 
-/* Layout plus device memory for weights, gradients and the activations of
- * micro-batches of `micro_batch` samples. With a tp group of size > 1 the
+/* Layout plus device memory for the activations of micro-batches of
+ * `micro_batch` samples (and a tied head's copy of the embedding); the
+ * weights and gradients come from their owner (zt_model_bind, hooks). With a tp group of size > 1 the
  * rank holds its shards (layout with tp->size, tp->rank) and the passes
  * run collectives on tp; every member must call them on the same tokens.
  * With kv_rep > 1 it splits tp into the kv groups (collective over tp).
  * `stage` selects the blocks this rank runs and its slots (NULL: all). The
  * parameter table still lists every tensor (checkpoints name them all);
- * the flat buffers hold only the units of the chunks here. */
+ * the flat layout (numel) holds only the units of the chunks here. */
 int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
                   int micro_batch, zt_comm *tp, const zt_stage_cfg *stage, zt_err *e);
 void zt_model_free(zt_model *m);
 
-/* Initial values from the counter-based RNG keyed by (seed, tensor name,
- * logical element index): independent of topology, so every shard holds
- * exactly the values of its part of the tp = 1 model. ZT_OK, or ZT_ERUNTIME
- * when out of memory. */
-int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e);
+/* Initial values of flat elements [lo, hi) of this rank's fp32 weights
+ * into dst (element lo at dst[0]; device memory), from the counter-based
+ * RNG keyed by (seed, tensor name, logical element index): independent of
+ * topology, so every shard holds exactly the values of its part of the
+ * tp = 1 model, and any part of the flat buffer can be made alone (a ZeRO-3
+ * shard). ZT_OK, or ZT_ERUNTIME when out of memory. */
+int zt_model_init_weights(const zt_model *m, uint64_t seed, float *dst, int64_t lo, int64_t hi,
+                          zt_err *e);
+
+/* For a model used without an owner of its states (tests, tools): the
+ * passes compute with w (the whole flat buffer, in dt) and accumulate the
+ * gradients into g (fp32); hooks still override them per unit. */
+void zt_model_bind(zt_model *m, void *w, float *g);
 
 /* Runs one micro-batch through the whole model (pp = 1): tokens/targets
  * are host arrays [B*T]. Returns the sum of per-token losses (the same on
  * every TP rank: count it once). With backward, gradients of
- * sum(loss) * dscale are accumulated into m->g: each rank's shard of the
+ * sum(loss) * dscale are accumulated into the units' gradients: each rank's shard of the
  * full gradient; whole tensors get the same gradient on every TP rank,
  * replicated kv heads on every rank of their kv group (no reduction over
  * tp needed). */
@@ -292,14 +300,14 @@ void zt_model_wgrad(zt_model *m, int c, int s);
 void *zt_model_input(zt_model *m, int c, int s);
 const void *zt_model_output(const zt_model *m, int c, int s);
 
-/* The compute weights made equal to the fp32 ones, rounded: tied_wc from
- * tied_w and, with all, wc from w; after every update and load. Nothing in
- * fp32. */
-void zt_model_sync_weights(zt_model *m, int all);
+/* A tied head's copy computed with made equal to the fp32 one, rounded
+ * (tied_wc from tied_w), after it changed. Nothing in fp32. */
+void zt_model_sync_tied(zt_model *m);
 
-/* Bytes of the 16-bit copies of the weights this model computes with (wc,
- * tied_wc): 0 in fp32. Model states the ZeRO engine does not hold. */
-int64_t zt_model_copy_bytes(const zt_model *m);
+/* Bytes of the model's own states: a tied head's copy of the embedding
+ * (fp32 weights and gradients, and the 16-bit copy). The rest is the ZeRO
+ * engine's. */
+int64_t zt_model_state_bytes(const zt_model *m);
 
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */

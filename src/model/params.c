@@ -265,7 +265,19 @@ static void init_chunk(const zt_param *p, uint64_t key, const init_run *r, int64
   }
 }
 
-int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e) {
+/* The part [*a, *b) of parameter p's local piece inside flat range [lo, hi). */
+static int64_t clip_piece(const zt_param *p, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
+  int64_t off = p->t.offset;
+  *a = *b = 0;
+  if (!p->here) return 0;
+  *a = lo > off ? lo - off : 0;
+  *b = hi < off + p->t.numel ? hi - off : p->t.numel;
+  if (*b < *a) *b = *a;
+  return *b - *a;
+}
+
+int zt_model_init_weights(const zt_model *m, uint64_t seed, float *dst, int64_t lo, int64_t hi,
+                          zt_err *e) {
   int np = m->n_params;
   int64_t *first_chunk = malloc((size_t)(np + 1) * sizeof *first_chunk);
   int64_t *first_run = malloc((size_t)(np + 1) * sizeof *first_run);
@@ -278,7 +290,7 @@ int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e) {
   first_chunk[0] = first_run[0] = 0;
   for (int i = 0; i < np; i++) {
     const zt_param *p = &m->params[i];
-    int64_t n = p->here ? p->t.numel : 0;
+    int64_t a, b, n = clip_piece(p, lo, hi, &a, &b);
     init_runs c = {0};
     if (n && p->init == ZT_INIT_NORMAL) zt_shard_runs(&p->t, &c, count_run);
     first_chunk[i + 1] = first_chunk[i] + (n + INIT_CHUNK - 1) / INIT_CHUNK;
@@ -300,11 +312,13 @@ int zt_model_init_weights(zt_model *m, uint64_t seed, zt_err *e) {
       while (first_chunk[i + 1] <= c) i++; /* chunks come in increasing order per thread */
       while (first_chunk[i] > c) i--;
       const zt_param *p = &m->params[i];
-      int64_t lo = (c - first_chunk[i]) * INIT_CHUNK;
-      int64_t hi = lo + INIT_CHUNK < p->t.numel ? lo + INIT_CHUNK : p->t.numel;
+      int64_t pa, pb;
+      clip_piece(p, lo, hi, &pa, &pb);
+      int64_t a = pa + (c - first_chunk[i]) * INIT_CHUNK;
+      int64_t b = a + INIT_CHUNK < pb ? a + INIT_CHUNK : pb;
       init_chunk(p, keys[i], all.r ? all.r + first_run[i] : NULL, first_run[i + 1] - first_run[i],
-                 lo, hi, buf);
-      m->be->copy(m->stream, m->w + p->t.offset + lo, buf, (size_t)(hi - lo) * sizeof *buf);
+                 a, b, buf);
+      m->be->copy(m->stream, dst + (p->t.offset + a - lo), buf, (size_t)(b - a) * sizeof *buf);
       m->be->stream_sync(m->stream); /* buf is filled again next */
     }
   }

@@ -45,7 +45,7 @@ double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale) 
 }
 
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
-                       int64_t t, float gscale, zt_step_sums *sums, void *w16) {
+                       int64_t t, float gscale, zt_step_sums *sums) {
   double lr = zt_lr_at(&c->lr, t - 1);
   zt_adamw_args args = {
       .b1 = (float)c->beta1, .c1 = (float)(1 - c->beta1),
@@ -56,9 +56,9 @@ double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_
       .gscale = gscale};
   FOR_EACH_PIECE(m, r, tensor, a, n, {
     args.decay = (float)(1 - lr * (tensor->ndim >= 2 ? c->weight_decay : 0));
-    void *p16 = w16 ? (char *)w16 + (size_t)a * zt_dtype_size(m->dt) : NULL;
+    void *p16 = r->w16 ? (char *)r->w16 + (size_t)a * zt_dtype_size(r->dt16) : NULL;
     m->be->adamw(m->stream, r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args, sums, p16,
-                 m->dt);
+                 r->dt16);
   })
   return lr;
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "src/core/err.h"
+#include "parallel/zero.h"
 #include "src/model/model.h"
 
 typedef enum { ZT_LR_CONSTANT = 0, ZT_LR_COSINE = 1 } zt_lr_kind;
@@ -31,12 +32,10 @@ typedef struct zt_optim_cfg {
   double clip; /* max global L2 norm; 0 = off */
 } zt_optim_cfg;
 
-/* A range of the flat layout with its buffers (device pointers, all
- * indexed from lo). */
-typedef struct zt_optim_range {
-  int64_t lo, hi;
-  float *w, *g, *m, *v;
-} zt_optim_range;
+/* A range of the flat layout with its buffers, as the ZeRO engine hands
+ * it out (zt_zero_grads_end): fp32 masters, gradients and moments, and
+ * where the rounded 16-bit weights go (w16, NULL in fp32). */
+typedef zt_zero_range zt_optim_range;
 
 /* The step's reductions run on the device into a zt_step_sums in device
  * memory (kernels.h), which the caller reads back once.
@@ -58,12 +57,10 @@ double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale);
  * the count of applied updates, which skipped steps do not advance);
  * returns the LR used. Weight decay applies to tensors of two or more
  * dimensions only. sums->nonfinite += the weights this update left
- * non-finite (zt_optim_first_nonfinite then says where). w16 (may be NULL):
- * where the range's weights rounded to the model's 16-bit dtype go, written
- * in the same pass (the model's compute weights, when this rank updates
- * them all). */
+ * non-finite (zt_optim_first_nonfinite then says where). With r->w16 the
+ * range's weights rounded to r->dt16 are written there in the same pass. */
 double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
-                       int64_t t, float gscale, zt_step_sums *sums, void *w16);
+                       int64_t t, float gscale, zt_step_sums *sums);
 
 /* Where the range first holds a non-finite value, in parameter-table
  * order, weights before gradients: i for a weight of tensor i,

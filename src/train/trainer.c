@@ -61,7 +61,7 @@ static void tied_refresh(zt_trainer *t) {
   size_t n_part = (size_t)t->tied_counts[r];
   if (t->tied_end == 1) {
     int64_t from, n;
-    const float *w = zt_zero_owned_weights(&t->zero, 0, t->tied_n, &from, &n);
+    const float *w = zt_zero_owned_weights(t->zero, 0, t->tied_n, &from, &n);
     zt_comm_bcast(&g->embed_comm, (void *)w, n_part, ZT_F32, 0);
   } else {
     zt_comm_bcast(&g->embed_comm, t->model->tied_w + t->tied_displs[r], n_part, ZT_F32, 0);
@@ -69,6 +69,7 @@ static void tied_refresh(zt_trainer *t) {
     zt_comm_iallgather(&g->dp_comm, t->model->tied_w, t->tied_counts, t->tied_displs, ZT_F32,
                        &q);
     zt_comm_wait(&q);
+    zt_model_sync_tied(t->model); /* 16 bits: the copy computed with, rounded */
   }
   t->tied_stale = 0;
 }
@@ -89,7 +90,7 @@ static void tied_grads(zt_trainer *t) {
     zt_comm_bcast(&g->embed_comm, t->tied_part, n_part, ZT_F32, 1);
   } else if (t->tied_end == 1) {
     zt_comm_bcast(&g->embed_comm, t->tied_part, n_part, ZT_F32, 1);
-    zt_zero_add_grad(&t->zero, t->tied_displs[r], t->tied_counts[r], t->tied_part);
+    zt_zero_add_grad(t->zero, t->tied_displs[r], t->tied_counts[r], t->tied_part);
   }
 }
 
@@ -118,28 +119,17 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
       .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
       .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
   zt_zero_cfg zc = *zero;
-  zc.compute_dtype = m->dt;
-  int rc = zt_zero_init(&t->zero, &zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, m->w,
-                        m->g, e);
+  zc.param_dtype = m->dt;
+  t->zero = zt_zero_new(&zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, e);
   free(group); /* the engine keeps a copy */
+  if (!t->zero) return e->code;
+  /* the initial weights, of the part of the masters this rank holds (at
+   * ZeRO-3, and in 16 bits from ZeRO-1, its shard only) */
+  zt_state_view w = zt_zero_state(t->zero, ZT_STATE_MASTER);
+  int rc = zt_model_init_weights(m, cfg->seed, w.data, w.lo, w.hi, e);
   if (rc) return rc;
-  if (m->wc != m->w) zt_zero_set_compute(&t->zero, m->wc, m->dt);
-  /* State the engine shards away is freed here: that is the point of ZeRO. */
-  if (zero->stage >= 2) {
-    m->be->free(ZT_MEM_DEVICE, m->g);
-    m->g = NULL;
-  }
-  if (zero->stage >= 3) {
-    zt_zero_shard_weights(&t->zero);
-    /* the passes read gathered units: neither the fp32 weights nor a full
-     * 16-bit copy of them stays */
-    if (m->wc != m->w) m->be->free(ZT_MEM_DEVICE, m->wc);
-    m->be->free(ZT_MEM_DEVICE, m->w);
-    m->w = NULL;
-    m->wc = NULL;
-  }
-  m->hooks = (zt_model_hooks){.ctx = &t->zero, .before = hook_before, .after = hook_after};
-  t->wc_stale = ZT_WC_ALL; /* whatever init or a load leaves in w, rounded at the first pass */
+  m->hooks = (zt_model_hooks){.ctx = t->zero, .before = hook_before, .after = hook_after};
+  t->params_stale = 1; /* initial values or a load: rounded and gathered at the first pass */
 
   size_t n = (size_t)cfg->micro_batch * m->cfg.seq;
   t->inputs = malloc(n * sizeof *t->inputs);
@@ -178,7 +168,7 @@ void zt_trainer_free(zt_trainer *t) {
   free(t->tied_counts);
   free(t->tied_displs);
   if (t->piped) zt_pipe_free(&t->pipe);
-  zt_zero_free(&t->zero);
+  zt_zero_free(t->zero);
   zt_loader_free(&t->train);
   if (t->has_val) zt_loader_free(&t->val);
   free(t->inputs);
@@ -199,25 +189,25 @@ static void fill(void *ctx, int a, int32_t *inputs, int32_t *targets) {
                  c->micro_batch, inputs, targets);
 }
 
-static void before_action(void *ctx) { zt_zero_microbatch_begin(&((batch_ctx *)ctx)->t->zero); }
+static void before_action(void *ctx) { zt_zero_microbatch_begin(((batch_ctx *)ctx)->t->zero); }
 
 /* All micro-batches of this rank's slice of global batch k; returns the
  * sum of their per-token losses (0 on ranks without the loss). */
 static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, float dscale) {
   batch_ctx b = {t, ld, k};
   if (t->piped) tied_refresh(t);
-  if (t->wc_stale) { /* 16-bit runs: the weights computed with, from the fp32 ones */
-    zt_model_sync_weights(t->model, t->wc_stale == ZT_WC_ALL);
-    if (t->wc_stale == ZT_WC_ALL) zt_zero_sync_compute(&t->zero);
-    t->wc_stale = 0;
+  if (t->params_stale) {
+    zt_zero_sync_params(t->zero);
+    t->params_stale = 0;
   }
+
   if (t->piped) {
     return zt_pipe_run(&t->pipe, !backward, dscale, fill, before_action, &b);
   }
   double loss = 0;
   for (int a = 0; a < t->cfg.accum; a++) {
     fill(&b, a, t->inputs, t->targets);
-    zt_zero_microbatch_begin(&t->zero);
+    zt_zero_microbatch_begin(t->zero);
     loss += zt_model_step(t->model, t->inputs, t->targets, backward, dscale);
   }
   return loss;
@@ -291,20 +281,19 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   uint64_t dp0 = zt_comm_total_bytes(&g->dp_comm), tp0 = zt_model_tp_bytes(m);
   int64_t tokens = (int64_t)c->global_batch * m->cfg.seq;
 
-  zt_zero_grads_begin(&t->zero);
+  zt_zero_grads_begin(t->zero);
   if (m->tied_g) m->be->memzero(m->stream, m->tied_g, (size_t)t->tied_n * sizeof(float));
   /* a power-of-two scale multiplies every gradient exactly (until one
    * overflows): the unscaled run's gradients times the scale, bit for bit */
   double scale = t->scaler.scale;
   double loss = run_batch(t, &t->train, t->t, 1, (float)(scale / tokens));
-  int early = t->zero.cfg.stage < 2; /* the tied gradient joins before the reduction */
+  int stage = zt_zero_stage(t->zero);
+  int early = stage < 2; /* the tied gradient joins before the reduction */
   if (t->tied_end && early) tied_grads(t);
-  zt_optim_range r = {.m = t->zero.m, .v = t->zero.v};
-  zt_zero_grads_end(&t->zero, &r.w, &r.g);
+  zt_optim_range r;
+  zt_zero_grads_end(t->zero, &r);
   if (t->tied_end && !early) tied_grads(t);
-  r.lo = t->zero.cfg.stage == 0 ? 0 : t->zero.lo;
-  r.hi = t->zero.cfg.stage == 0 ? m->numel : t->zero.hi;
-  int count_any = t->zero.cfg.stage > 0 || g->dp_rank == 0;
+  int count_any = stage > 0 || g->dp_rank == 0;
   if (t->nan_step && t->nan_step <= t->t + 1 && t->t + 1 <= t->nan_last &&
       g->world.rank == t->nan_rank) {
     int i = zt_optim_test_poison(m, &r, count_any);
@@ -363,15 +352,9 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     st->grad_norm = zt_optim_clip(&c->optim, sums[1] / (scale * scale), &gscale);
     gscale = (float)(gscale / scale);
     m->be->memzero(m->stream, t->sums, sizeof *t->sums);
-    /* AdamW writes the 16-bit copy in its own pass where this rank's range
-     * is all of it: every weight at ZeRO-0, the shard gathered from at
-     * ZeRO-3; only a tied copy is then left to round */
-    void *w16 = m->dt == ZT_F32             ? NULL
-                : t->zero.cfg.stage == 0    ? m->wc
-                : t->zero.cfg.stage == 3    ? zt_zero_update_copy(&t->zero)
-                                            : NULL;
-    int all16 = w16 != NULL;
-    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums, w16);
+    /* AdamW writes the range's 16-bit weights in its own pass (r.w16);
+     * params_sync gathers them where other ranks updated the rest */
+    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums);
     m->be->copy(m->stream, &dev, t->sums, sizeof dev);
     m->be->stream_sync(m->stream);
     /* Finite gradients can still make non-finite weights (a huge learning
@@ -384,9 +367,8 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
                       "step %lld: the update made weights of %s non-finite (learning rate %g, "
                       "gradient norm %g); stopping before they reach a checkpoint",
                       (long long)t->t, m->params[(int)-key].t.name, st->lr, st->grad_norm);
-    zt_zero_params_sync(&t->zero);
+    zt_zero_params_sync(t->zero);
     t->tied_stale = 1;
-    t->wc_stale = all16 ? ZT_WC_TIED : ZT_WC_ALL;
   }
   zt_trace_slice("compute", "optimizer", NULL, t_opt, zt_timer_now(), NULL, 0, NULL, 0);
   st->bad_run = t->bad_run;
@@ -404,6 +386,11 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   st->ms = 1e3 * (t1 - t0);
   zt_trace_slice("step", "step", NULL, t0, t1, "step", (long long)st->step, NULL, 0);
   return rc;
+}
+
+void zt_trainer_bytes(const zt_trainer *t, int64_t *states, int64_t *buffers) {
+  zt_zero_bytes(t->zero, states, buffers);
+  *states += zt_model_state_bytes(t->model);
 }
 
 double zt_trainer_eval(zt_trainer *t, int batches) {

@@ -60,13 +60,11 @@ typedef struct zt_step_stats {
   char nonfinite[192]; /* skipped: where the first non-finite value is, if found */
 } zt_step_stats;
 
-enum { ZT_WC_TIED = 1, ZT_WC_ALL = 2 };
-
 typedef struct zt_trainer {
   zt_train_cfg cfg;
   zt_model *model;
   zt_grid *grid;
-  zt_zero zero;
+  zt_zero *zero;    /* owns the model states */
   int64_t t;        /* steps taken: global batch t is the next one */
   int64_t skipped;  /* of those, skipped as non-finite: AdamW's clock and
                        the LR schedule count the t - skipped updates */
@@ -86,18 +84,20 @@ typedef struct zt_trainer {
   /* tied embedding over pipeline ends: 1 on the first stage (it owns the
    * tensor), 2 on the last (it holds the copy m->tied_w); 0 elsewhere */
   int tied_end, tied_stale;
-  /* the model's compute weights lag its fp32 ones (zt_model_sync_weights):
-   * 0 no, ZT_WC_TIED only a tied copy, ZT_WC_ALL all of them */
-  int wc_stale;
+  /* the engine's PARAM lags its masters (zt_zero_sync_params): after
+   * initialisation and a load */
+  int params_stale;
   int64_t tied_n;                 /* elements of this TP rank's embed.tokens */
   int *tied_counts, *tied_displs; /* what each dp rank of the first stage owns of it */
   float *tied_part;
 } zt_trainer;
 
-/* Sets up the ZeRO engine over the model's flat buffers and the hooks,
- * and with pp > 1 the executor for schedule `sched` (whose micro-batches
- * are cfg->accum). Call after the model's weights are initialised; a load
- * may follow (the tied copy is refreshed at each step). */
+/* Sets up the ZeRO engine, which allocates the model states, initialises
+ * the weights from cfg->seed (zt_model_init_weights), connects the model's
+ * hooks, and with pp > 1 the executor for schedule `sched` (whose
+ * micro-batches are cfg->accum). A load into the engine's states may
+ * follow before the first step (the weights computed with are made from
+ * the masters at the first pass, the tied copy at each step). */
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
                     zt_grid *grid, const zt_zero_cfg *zero, const zt_schedule *sched,
                     const zt_tokens *train, const zt_tokens *val, int shuffle,
@@ -115,6 +115,10 @@ void zt_trainer_free(zt_trainer *t);
  * leaves a weight non-finite; the message names the step and the first
  * tensor concerned. */
 int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e);
+
+/* Bytes of this rank's model states (the engine's and a tied copy's) and
+ * of the engine's gather and bucket buffers. */
+void zt_trainer_bytes(const zt_trainer *t, int64_t *states, int64_t *buffers);
 
 /* Mean loss per token over the first `batches` global batches of the
  * validation data (in file order). */

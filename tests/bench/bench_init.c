@@ -3,8 +3,8 @@
  *   bench_init VOCAB SEQ DIM LAYERS HEADS [REPEATS]
  *
  * Builds a gpt model (tied head) as ztrain does at tp = 1 in one process
- * (zt_model_init: its buffers are allocated and zeroed first, so the
- * timing is the generator and the copy, not first-touch page faults), then
+ * (the flat buffer is allocated and zeroed first, so the timing is the
+ * generator and the copy, not first-touch page faults), then
  * times zt_model_init_weights REPEATS times (default 5) with whatever
  * OMP_NUM_THREADS says. Prints one JSON line:
  *   {"numel": N, "threads": T, "s": [...], "s_median": S, "elements_per_s": N / S}
@@ -39,10 +39,15 @@ int main(int argc, char **argv) {
   int64_t numel = 0;
   for (int i = 0; i < m.n_params; i++)
     if (m.params[i].here) numel += m.params[i].t.numel;
+  float *w = zt_backend_cpu()->alloc(ZT_MEM_DEVICE, (size_t)(m.numel ? m.numel : 1) * sizeof *w);
+  if (!w) {
+    fprintf(stderr, "bench_init: out of memory\n");
+    return 1;
+  }
   double s[100];
   for (int r = 0; r < repeats; r++) {
     double t0 = zt_timer_now();
-    if (zt_model_init_weights(&m, 1234 + (uint64_t)r, &e)) {
+    if (zt_model_init_weights(&m, 1234 + (uint64_t)r, w, 0, m.numel, &e)) {
       fprintf(stderr, "bench_init: %s\n", e.msg);
       return 1;
     }
@@ -52,6 +57,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < repeats; r++) printf("%s%.6f", r ? ", " : "", s[r]);
   double med = median(s, repeats);
   printf("], \"s_median\": %.6f, \"elements_per_s\": %.4g}\n", med, (double)numel / med);
+  zt_backend_cpu()->free(ZT_MEM_DEVICE, w);
   zt_model_free(&m);
   return 0;
 }

@@ -363,13 +363,13 @@ static void test_init_any_threads_any_cut(void **state) {
       m.params = params;
       m.n_params = np;
       m.stream = be->stream_new();
-      m.w = be->alloc(ZT_MEM_DEVICE, (size_t)off * sizeof(float));
-      assert_non_null(m.w);
+      float *w = be->alloc(ZT_MEM_DEVICE, (size_t)off * sizeof(float));
+      assert_non_null(w);
       omp_set_num_threads(threads[th]);
       zt_err e;
-      assert_int_equal(zt_model_init_weights(&m, 77, &e), ZT_OK);
+      assert_int_equal(zt_model_init_weights(&m, 77, w, 0, off, &e), ZT_OK);
       if (!first) {
-        first = m.w;
+        first = w;
         /* the values: each element that of its logical index */
         for (int i = 0; i < np; i++) {
           const zt_param *p = &params[i];
@@ -383,8 +383,16 @@ static void test_init_any_threads_any_cut(void **state) {
           }
         }
       } else {
-        assert_memory_equal(m.w, first, (size_t)off * sizeof(float));
-        be->free(ZT_MEM_DEVICE, m.w);
+        assert_memory_equal(w, first, (size_t)off * sizeof(float));
+        /* any flat range alone (a ZeRO shard): exactly its slice of the
+         * whole, cut inside tensors and across them */
+        const int64_t lo = off / 3 + th, hi = off - off / 5 - 7 * (int64_t)th;
+        float *part = be->alloc(ZT_MEM_DEVICE, (size_t)(hi - lo) * sizeof(float));
+        assert_non_null(part);
+        assert_int_equal(zt_model_init_weights(&m, 77, part, lo, hi, &e), ZT_OK);
+        assert_memory_equal(part, first + lo, (size_t)(hi - lo) * sizeof(float));
+        be->free(ZT_MEM_DEVICE, part);
+        be->free(ZT_MEM_DEVICE, w);
       }
       be->stream_free(m.stream);
     }

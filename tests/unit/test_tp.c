@@ -90,6 +90,17 @@ static int replicated(const zt_tensor_desc *t, int P) {
   return t->shard.dim < 0 || t->shard.count < P;
 }
 
+/* The states of a model used alone (fp32): owned here, as the ZeRO
+ * engine owns them in a run, initialised and lent to the passes. */
+static int own_states(zt_model *m, float **w, float **g, zt_err *e) {
+  size_t n = (size_t)(m->numel ? m->numel : 1) * sizeof(float);
+  *w = m->be->alloc(ZT_MEM_DEVICE, n);
+  *g = m->be->alloc(ZT_MEM_DEVICE, n);
+  if (!*w || !*g) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  zt_model_bind(m, *w, *g);
+  return zt_model_init_weights(m, 1234, *w, 0, m->numel, e);
+}
+
 static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
                      size_t *act_bytes) {
   const zt_backend *be = zt_backend_cpu();
@@ -99,13 +110,14 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
   if (!rc) rc = zt_model_init(&part, cfg, be, B, tp, NULL, &e);
   CHECK(!rc, "%s: init: %s", label, e.msg);
   if (rc) return;
-  rc = zt_model_init_weights(&whole, 1234, &e);
-  if (!rc) rc = zt_model_init_weights(&part, 1234, &e);
+  float *whole_w = NULL, *whole_g = NULL, *part_w = NULL, *part_g = NULL;
+  rc = own_states(&whole, &whole_w, &whole_g, &e);
+  if (!rc) rc = own_states(&part, &part_w, &part_g, &e);
   CHECK(!rc, "%s: init weights: %s", label, e.msg);
   if (rc) return;
 
   /* weights: each piece is exactly its logical elements */
-  float *ww = fetch(&whole, whole.w, whole.numel), *pw = fetch(&part, part.w, part.numel);
+  float *ww = fetch(&whole, whole_w, whole.numel), *pw = fetch(&part, part_w, part.numel);
   int bad_init = 0, P = part.tp_size;
   for (int i = 0; i < part.n_params; i++) {
     const zt_tensor_desc *t = &part.params[i].t;
@@ -155,7 +167,7 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
   }
 
   /* gradients, tensor by tensor; each logical element counted once */
-  float *wg = fetch(&whole, whole.g, whole.numel), *pg = fetch(&part, part.g, part.numel);
+  float *wg = fetch(&whole, whole_g, whole.numel), *pg = fetch(&part, part_g, part.numel);
   double worst = 0;
   const char *worst_name = "";
   int n_rep = 0, rep_same = 1;
@@ -187,6 +199,10 @@ static void run_case(const char *label, const zt_model_cfg *cfg, zt_comm *tp,
            part.act_bytes);
   *act_bytes = part.act_bytes;
   free(ww); free(pw); free(wg); free(pg); free(tok);
+  whole.be->free(ZT_MEM_DEVICE, whole_w);
+  whole.be->free(ZT_MEM_DEVICE, whole_g);
+  part.be->free(ZT_MEM_DEVICE, part_w);
+  part.be->free(ZT_MEM_DEVICE, part_g);
   zt_model_free(&whole);
   zt_model_free(&part);
 }
