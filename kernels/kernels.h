@@ -69,6 +69,11 @@ typedef struct zt_backend {
   const char *name;
   /* dtypes the ops take as `t` on this backend */
   int (*has_dtype)(zt_dtype t);
+  /* A device reports failures asynchronously, and ops return nothing: the
+   * backend keeps its first failure. 0 while there is none; else nonzero
+   * with what failed and why in msg[n] (the CPU backend never fails here:
+   * it reports running out of memory by alloc's NULL). */
+  int (*error)(char *msg, size_t n);
 
   /* ---- memory ---- */
   void *(*alloc)(zt_mem_kind kind, size_t bytes); /* zeroed; NULL on failure */
@@ -194,5 +199,12 @@ const zt_backend *zt_backend_cpu(void);
 
 /* Number of CUDA devices usable by this build and process (0 without CUDA). */
 int zt_backend_cuda_devices(void);
+
+/* The CUDA backend on device `device` of this process (0 <= device <
+ * zt_backend_cuda_devices()), which becomes the process's current device;
+ * NULL with the reason in msg[n] when the build has no CUDA or the device
+ * cannot be used. Every call returns the same table: one device per
+ * process. */
+const zt_backend *zt_backend_cuda(int device, char *msg, size_t n);
 
 #endif

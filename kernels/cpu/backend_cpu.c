@@ -5,6 +5,7 @@
  * tokens with nothing to wait for. Each op picks the instantiation of
  * ops_impl.h for its dtype. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,11 @@ struct zt_stream { int unused; };
 struct zt_event { int unused; };
 
 static int cpu_has_dtype(zt_dtype t) { return t == ZT_F32 || t == ZT_BF16 || t == ZT_F16; }
+
+static int cpu_error(char *msg, size_t n) {
+  if (n) msg[0] = 0;
+  return 0;
+}
 
 static void *cpu_alloc(zt_mem_kind kind, size_t bytes) {
   (void)kind;
@@ -239,6 +245,7 @@ static void cpu_adamw(zt_stream *s, float *p, const float *g, float *m, float *v
 static const zt_backend cpu = {
     .name = "cpu",
     .has_dtype = cpu_has_dtype,
+    .error = cpu_error,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
@@ -283,4 +290,10 @@ const zt_backend *zt_backend_cpu(void) { return &cpu; }
 
 #ifndef ZT_HAVE_CUDA
 int zt_backend_cuda_devices(void) { return 0; }
+
+const zt_backend *zt_backend_cuda(int device, char *msg, size_t n) {
+  (void)device;
+  snprintf(msg, n, "this ztrain was built without CUDA (no nvcc at configure time)");
+  return NULL;
+}
 #endif
