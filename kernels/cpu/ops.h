@@ -1,6 +1,6 @@
-/* ops: declarations of the CPU loops in ops_impl.h, one set per
- * instantiation: float (the backend), double (gradient checks in tests),
- * and bf16 and fp16 storage computed in float (mixed precision; 16-bit
+/* ops: declarations of the CPU loops in ops_impl.h and attn_impl.h, one
+ * set per instantiation: float (the backend), double (gradient checks in
+ * tests), and bf16 and fp16 storage computed in float (mixed precision; 16-bit
  * values as their bit patterns, src/core/half.h). `real` is the compute
  * type, `store` how activations, the weights an op reads and input
  * gradients are held; norm statistics, lse, losses, cross-entropy stats and
