@@ -31,20 +31,11 @@
 #include "src/core/rng.h"
 #include "tests/unit/pool.h"
 
-/* ops_impl.h again, bf16, with a small GEMM scratch budget: see
- * test_gemm_blocks. */
-#define REAL float
-#define STORE uint16_t
-#define LD zt_bf16_to_f32
-#define ST zt_bf16_from_f32
-#define LD_N zt_bf16_to_f32_n
-#define ST_N zt_bf16_from_f32_n
+/* ops_impl.h again, the bf16 build's definitions, with a small GEMM
+ * scratch budget: see test_gemm_blocks. */
+#include "kernels/cpu/ops_bf16.h"
 #define FN(name) tiny_bf16_##name
-#define GEMM zt_cpu_sgemm
-#define EXP zt_expf
-#define TANH zt_tanhf
 #define GEMM16_SCRATCH ((size_t)1 << 16)
-#include "kernels/cpu/gemm_path.h"
 #include "kernels/cpu/ops_impl.h"
 
 /* One 16-bit build: its rounding, its unit roundoff u (half an ulp,
