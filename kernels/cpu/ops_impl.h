@@ -95,6 +95,14 @@ void FN(gemm_acc)(int ta, int tb, int m, int n, int k, real alpha, const store *
                   int lda, const store *b, int ldb, real beta, real *c, int ldc) {
   FN(rgemm)(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+/* The operands are real already: nothing is widened, nothing kept. */
+size_t FN(gemm_scratch_bytes)(int m, int n, int k, int c16) {
+  (void)m, (void)n, (void)k, (void)c16;
+  return 0;
+}
+
+size_t FN(gemm_scratch_held)(void) { return 0; }
 #else
 /* 16-bit operands into real and back: dst[rows, cols] (dense) from src
  * (row stride ld), and the reverse. par: split the rows over threads (a
@@ -128,6 +136,10 @@ static void FN(scratch_init)(void) {
   }
 }
 
+/* What a scratch of n reals takes: the allocation below, so that the
+ * figures reported are the bytes allocated. */
+static size_t FN(scratch_bytes)(size_t n) { return (n * sizeof(real) + 63) / 64 * 64; }
+
 /* n reals, 64-byte aligned, this thread's. The ops have no error path, and
  * a failure to find that much is no state to train on. */
 static real *FN(gemm_scratch)(size_t n) {
@@ -139,7 +151,7 @@ static real *FN(gemm_scratch)(size_t n) {
   }
   if (s->n < n) {
     free(s->p);
-    size_t bytes = (n * sizeof(real) + 63) / 64 * 64;
+    size_t bytes = FN(scratch_bytes)(n);
     if (!(s->p = aligned_alloc(64, bytes))) {
       fprintf(stderr, "ztrain: no memory for the GEMM scratch (%zu bytes)\n", bytes);
       abort();
@@ -175,15 +187,12 @@ static inline int zt_gemm16_block(size_t budget, size_t per, int whole) {
 }
 #endif
 
-/* C = alpha op(A) op(B) + beta C on 16-bit A and B, into a 16-bit c16 or a
- * real c32: A and B are widened (exactly) into scratch, the real GEMM
- * multiplies them (a product of 16-bit values is exact in float, and the
- * sums are float's: a GPU's 16-bit GEMM with float accumulation), and a
- * 16-bit C is rounded once at the end (widened first when beta != 0). */
-static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const store *a,
-                          int lda, const store *b, int ldb, real beta, store *c16, real *c32,
-                          int ldc) {
-  if (m <= 0 || n <= 0) return;
+/* How gemm_wide cuts an m x n x k GEMM (c16: C is 16-bit) to fit the
+ * budget: C's rows in blocks of *mb, its columns in blocks of *nb, k in
+ * blocks of *kb. Returns the reals of scratch that takes; the GEMM
+ * allocates from it and FN(gemm_scratch_bytes) reports from it, so the
+ * figure a run reports is what its GEMMs hold. */
+static size_t FN(gemm_plan)(int m, int n, int k, int c16, int *mbp, int *nbp, int *kbp) {
   size_t S = GEMM16_SCRATCH, K = (size_t)(k > 0 ? k : 0), M = (size_t)m, Nn = (size_t)n;
   size_t cc = c16 ? 1 : 0; /* a 16-bit C needs real scratch */
   int mb = m, nb = n, kb = k > 0 ? k : 1;
@@ -196,7 +205,34 @@ static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const
     if (cc * M * Nn > S / 2) mb = zt_gemm16_block(S / 2, Nn, m);
     kb = zt_gemm16_block(S - cc * (size_t)mb * Nn, (size_t)mb + Nn, k);
   }
-  real *A = FN(gemm_scratch)((size_t)mb * kb + (size_t)kb * nb + cc * (size_t)mb * nb);
+  *mbp = mb, *nbp = nb, *kbp = kb;
+  return (size_t)mb * kb + (size_t)kb * nb + cc * (size_t)mb * nb;
+}
+
+/* The scratch stays with the thread, grown to the largest GEMM it has run,
+ * so what a thread holds is the largest of these over its GEMMs. */
+size_t FN(gemm_scratch_bytes)(int m, int n, int k, int c16) {
+  int mb, nb, kb;
+  return m <= 0 || n <= 0 ? 0 : FN(scratch_bytes)(FN(gemm_plan)(m, n, k, c16, &mb, &nb, &kb));
+}
+
+size_t FN(gemm_scratch_held)(void) {
+  call_once(&FN(scratch_once), FN(scratch_init));
+  FN(scratch_t) *s = tss_get(FN(scratch_key));
+  return s && s->p ? FN(scratch_bytes)(s->n) : 0;
+}
+
+/* C = alpha op(A) op(B) + beta C on 16-bit A and B, into a 16-bit c16 or a
+ * real c32: A and B are widened (exactly) into scratch, the real GEMM
+ * multiplies them (a product of 16-bit values is exact in float, and the
+ * sums are float's: a GPU's 16-bit GEMM with float accumulation), and a
+ * 16-bit C is rounded once at the end (widened first when beta != 0). */
+static void FN(gemm_wide)(int ta, int tb, int m, int n, int k, real alpha, const store *a,
+                          int lda, const store *b, int ldb, real beta, store *c16, real *c32,
+                          int ldc) {
+  if (m <= 0 || n <= 0) return;
+  int mb, nb, kb;
+  real *A = FN(gemm_scratch)(FN(gemm_plan)(m, n, k, c16 != NULL, &mb, &nb, &kb));
   real *B = A + (size_t)mb * kb, *C = B + (size_t)kb * nb;
   int a_i = -1, a_p = -1, b_p = -1, b_j = -1; /* the blocks in scratch */
   for (int j0 = 0; j0 < n; j0 += nb) {
