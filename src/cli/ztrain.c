@@ -260,6 +260,47 @@ static double logical_params(const zt_model *m) {
   return n;
 }
 
+/* The backend scratch of a linear layer's three GEMMs (src/model/layers.c,
+ * N = B * seq rows): forward y = x W^T [N, out, in], weight gradient
+ * dW += dy^T x [out, in, N] into fp32, input gradient dx = dy W [N, in, out]. */
+static size_t linear_scratch(const zt_model *m, int out, int in) {
+  const zt_backend *be = m->be;
+  int N = m->B * m->cfg.seq;
+  size_t s[3] = {be->gemm_scratch(m->dt, m->dt, N, out, in),
+                 be->gemm_scratch(m->dt, ZT_F32, out, in, N),
+                 be->gemm_scratch(m->dt, m->dt, N, in, out)};
+  size_t most = s[0] > s[1] ? s[0] : s[1];
+  return most > s[2] ? most : s[2];
+}
+
+/* The backend scratch this rank's GEMMs keep (zt_backend.gemm_scratch),
+ * known from the shapes before anything runs: the passes call GEMMs from
+ * this one thread, which keeps the largest one's. The shapes are the
+ * blocks' linear layers (with kv_rep > 1 the qkv weight gradient is two
+ * GEMMs, q and kv) and the head's, where this rank runs them.
+ * TODO: ask the model for its GEMM shapes once it can list them. */
+static int64_t gemm_scratch_bytes(const zt_model *m) {
+  int C = m->cfg.dim, N = m->B * m->cfg.seq, blocks = 0, head = 0;
+  for (int i = 0; i < m->n_chunks; i++) {
+    blocks |= m->chunks[i].first <= m->chunks[i].last;
+    head |= m->chunks[i].head;
+  }
+  size_t most = 0, s[7] = {0};
+  if (blocks) {
+    s[0] = linear_scratch(m, m->qkv_rows, C);
+    s[1] = linear_scratch(m, C, m->att_dim);
+    s[2] = linear_scratch(m, m->fc_rows, C);
+    s[3] = linear_scratch(m, C, m->hidden);
+    if (m->kv_rep > 1) {
+      s[4] = m->be->gemm_scratch(m->dt, ZT_F32, m->att_dim, C, N);
+      s[5] = m->be->gemm_scratch(m->dt, ZT_F32, m->qkv_rows - m->att_dim, C, N);
+    }
+  }
+  if (head) s[6] = linear_scratch(m, m->vocab_local, C);
+  for (int i = 0; i < 7; i++) most = s[i] > most ? s[i] : most;
+  return (int64_t)most;
+}
+
 static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *tr,
                          const zt_report *rep) {
   const zt_model_cfg *c = &p->model;
@@ -273,10 +314,13 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
   char recompute[64] = "";
   if (nre)
     snprintf(recompute, sizeof recompute, " (%d of %d blocks recomputed)", nre, c->layers);
+  char scratch[64] = ""; /* only 16-bit runs keep any */
+  if (rep->scratch_bytes)
+    snprintf(scratch, sizeof scratch, " (+ GEMM scratch %.1f MiB)", rep->scratch_bytes / 1048576.0);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
          "%d threads/rank%s\n"
-         "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s | "
+         "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s%s | "
          "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
          ZT_VERSION, c->arch == ZT_ARCH_GPT ? "gpt" : "llama", c->layers, c->dim, c->heads,
@@ -285,7 +329,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
          omp_get_max_threads(), prec, (z->state_bytes + zt_model_copy_bytes(m)) / 1048576.0, z->buffer_bytes / 1048576.0,
-         m->act_bytes / 1048576.0, recompute, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
+         m->act_bytes / 1048576.0, recompute, scratch, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
          : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
          : rep->gemm.cpu > 0                  ? "the CPU peak below"
@@ -387,6 +431,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                         zt_model_flops_per_token(&model) / (plan.parallel.tp * plan.parallel.pp),
                         peak, e);
     rep.gemm = pk;
+    rep.scratch_bytes = gemm_scratch_bytes(&model);
   }
   rc = agree(world, rc, e);
   double trace_origin = zt_timer_now(); /* just after agree's collective: about the same moment everywhere */
