@@ -100,6 +100,14 @@ typedef struct zt_backend {
   void (*gemm)(zt_stream *s, zt_dtype t, zt_dtype tc, int ta, int tb, int m, int n, int k,
                float alpha, const void *a, int lda, const void *b, int ldb, float beta,
                void *c, int ldc);
+  /* Bytes of host memory that a gemm of this shape (t and tc as above)
+   * leaves held by the thread that calls it, beyond its operands: the CPU
+   * backend's 16-bit GEMMs widen their operands into a scratch of their
+   * thread (at most 128 MiB) that they keep between calls and grow to the
+   * largest GEMM the thread has run, so it is held for the whole run. A
+   * planner takes the largest figure over the GEMMs a thread runs, summed
+   * over the threads that run GEMMs; 0 where none is kept (fp32). */
+  size_t (*gemm_scratch)(zt_dtype t, zt_dtype tc, int m, int n, int k);
 
   /* Embedding lookup from a table of which rows [v0, v0 + Vl) are here
    * (v0 = 0, Vl = V: the whole table; else a vocab-parallel shard).

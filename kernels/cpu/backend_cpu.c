@@ -76,6 +76,12 @@ static void cpu_gemm(zt_stream *s, zt_dtype t, zt_dtype tc, int ta, int tb, int 
     PICK(t, gemm_acc, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+static size_t cpu_gemm_scratch(zt_dtype t, zt_dtype tc, int m, int n, int k) {
+  if (t == ZT_BF16) return zt_cpu_bf16_gemm_scratch_bytes(m, n, k, tc == t);
+  if (t == ZT_F16) return zt_cpu_f16_gemm_scratch_bytes(m, n, k, tc == t);
+  return zt_cpu_f32_gemm_scratch_bytes(m, n, k, 1);
+}
+
 static void cpu_embed_fwd(zt_stream *s, zt_dtype t, void *out, const int32_t *tok,
                           const void *wte, const void *wpe, int B, int T, int C, int v0, int Vl) {
   (void)s;
@@ -259,6 +265,7 @@ static const zt_backend cpu = {
     .event_wait = cpu_event_wait,
     .event_sync = cpu_event_sync,
     .gemm = cpu_gemm,
+    .gemm_scratch = cpu_gemm_scratch,
     .embed_fwd = cpu_embed_fwd,
     .embed_bwd = cpu_embed_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,

@@ -1,6 +1,6 @@
-/* ops: declarations of the CPU loops in ops_impl.h, one set per
- * instantiation: float (the backend), double (gradient checks in tests),
- * and bf16 and fp16 storage computed in float (mixed precision; 16-bit
+/* ops: declarations of the CPU loops in ops_impl.h and attn_impl.h, one
+ * set per instantiation: float (the backend), double (gradient checks in
+ * tests), and bf16 and fp16 storage computed in float (mixed precision; 16-bit
  * values as their bit patterns, src/core/half.h). `real` is the compute
  * type, `store` how activations, the weights an op reads and input
  * gradients are held; norm statistics, lse, losses, cross-entropy stats and
@@ -22,6 +22,11 @@
   void P##gemm_acc(int ta, int tb, int m, int n, int k, real alpha,          \
                    const store *a, int lda, const store *b, int ldb,         \
                    real beta, real *c, int ldc);                             \
+  /* bytes of scratch a gemm (c16 = 0: gemm_acc) of this shape leaves on   \
+   * its calling thread, and what this thread's scratch holds now: the     \
+   * largest of the former over its GEMMs (0 where store is real) */        \
+  size_t P##gemm_scratch_bytes(int m, int n, int k, int c16);                \
+  size_t P##gemm_scratch_held(void);                                         \
   void P##embed_fwd(store *out, const int32_t *tok, const store *wte,        \
                     const store *wpe, int B, int T, int C, int v0, int Vl);  \
   void P##embed_bwd(real *dwte, real *dwpe, const int32_t *tok,              \

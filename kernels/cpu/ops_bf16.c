@@ -1,16 +1,7 @@
 /* ops_bf16: ops_impl.h with activations and compute weights held in
  * bfloat16 and every computation in float (mixed precision). */
-#include "kernels/cpu/gemm_path.h"
 #include "kernels/cpu/ops.h"
-#include "src/core/half.h"
-#define REAL float
-#define STORE uint16_t
-#define LD zt_bf16_to_f32
-#define ST zt_bf16_from_f32
-#define LD_N zt_bf16_to_f32_n
-#define ST_N zt_bf16_from_f32_n
+#include "kernels/cpu/ops_bf16.h"
 #define FN(name) zt_cpu_bf16_##name
-#define GEMM zt_cpu_sgemm /* the f32 build's: gemm_path.h */
-#define EXP zt_expf
-#define TANH zt_tanhf
 #include "kernels/cpu/ops_impl.h"
+#include "kernels/cpu/attn_impl.h"

@@ -14,3 +14,4 @@
 #define EXP zt_expf
 #define TANH zt_tanhf
 #include "kernels/cpu/ops_impl.h"
+#include "kernels/cpu/attn_impl.h"

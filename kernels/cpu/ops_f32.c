@@ -1,4 +1,5 @@
-/* ops_f32: the CPU backend's float instantiation of ops_impl.h. */
+/* ops_f32: the CPU backend's float instantiation of ops_impl.h and
+ * attn_impl.h. */
 #include "kernels/cpu/gemm_path.h"
 #include "kernels/cpu/ops.h"
 #define REAL float
@@ -7,3 +8,4 @@
 #define EXP zt_expf
 #define TANH zt_tanhf
 #include "kernels/cpu/ops_impl.h"
+#include "kernels/cpu/attn_impl.h"

@@ -1,4 +1,5 @@
-/* ops_f64: double instantiation of ops_impl.h, for gradient checks. */
+/* ops_f64: double instantiation of ops_impl.h and attn_impl.h, for
+ * gradient checks. */
 #include "kernels/cpu/ops.h"
 #define REAL double
 #define FN(name) zt_cpu_f64_##name
@@ -6,3 +7,4 @@
 #define EXP exp
 #define TANH tanh
 #include "kernels/cpu/ops_impl.h"
+#include "kernels/cpu/attn_impl.h"

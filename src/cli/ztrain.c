@@ -274,10 +274,13 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
   char recompute[64] = "";
   if (nre)
     snprintf(recompute, sizeof recompute, " (%d of %d blocks recomputed)", nre, c->layers);
+  char scratch[64] = ""; /* only 16-bit runs keep any */
+  if (rep->scratch_bytes)
+    snprintf(scratch, sizeof scratch, " (+ GEMM scratch %.1f MiB)", rep->scratch_bytes / 1048576.0);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
          "%d threads/rank%s\n"
-         "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s | "
+         "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s%s | "
          "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
          ZT_VERSION, c->arch == ZT_ARCH_GPT ? "gpt" : "llama", c->layers, c->dim, c->heads,
@@ -286,7 +289,8 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
          omp_get_max_threads(), prec, states / 1048576.0, buffers / 1048576.0,
-         m->act_bytes / 1048576.0, recompute, (long long)tr->t, (long long)p->train.steps, rep->peak_flops / 1e9,
+         m->act_bytes / 1048576.0, recompute, scratch, (long long)tr->t,
+         (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
          : rep->gemm.measured > rep->gemm.cpu ? "measured SGEMM, above the CPU peak"
          : rep->gemm.cpu > 0                  ? "the CPU peak below"
@@ -385,6 +389,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                         zt_model_flops_per_token(&model) / (plan.parallel.tp * plan.parallel.pp),
                         peak, e);
     rep.gemm = pk;
+    rep.scratch_bytes = zt_model_gemm_scratch(&model);
   }
   rc = agree(world, rc, e);
   double trace_origin = zt_timer_now(); /* just after agree's collective: about the same moment everywhere */

@@ -367,6 +367,44 @@ int64_t zt_model_state_bytes(const zt_model *m) {
   return n * (2 * (int64_t)sizeof(float) + (m->dt == ZT_F32 ? 0 : (int64_t)zt_dtype_size(m->dt)));
 }
 
+/* The backend scratch of a linear layer's three GEMMs (src/model/layers.c,
+ * N = B * seq rows): forward y = x W^T [N, out, in], weight gradient
+ * dW += dy^T x [out, in, N] into fp32, input gradient dx = dy W [N, in, out]. */
+static size_t linear_scratch(const zt_model *m, int out, int in) {
+  const zt_backend *be = m->be;
+  int N = m->B * m->cfg.seq;
+  size_t s[3] = {be->gemm_scratch(m->dt, m->dt, N, out, in),
+                 be->gemm_scratch(m->dt, ZT_F32, out, in, N),
+                 be->gemm_scratch(m->dt, m->dt, N, in, out)};
+  size_t most = s[0] > s[1] ? s[0] : s[1];
+  return most > s[2] ? most : s[2];
+}
+
+/* The shapes are the blocks' linear layers (with kv_rep > 1 the qkv weight
+ * gradient is two GEMMs, q and kv) and the head's, where this rank runs
+ * them: the calls of layers.c, which a change there must keep in step. */
+int64_t zt_model_gemm_scratch(const zt_model *m) {
+  int C = m->cfg.dim, N = m->B * m->cfg.seq, blocks = 0, head = 0;
+  for (int i = 0; i < m->n_chunks; i++) {
+    blocks |= m->chunks[i].first <= m->chunks[i].last;
+    head |= m->chunks[i].head;
+  }
+  size_t most = 0, s[7] = {0};
+  if (blocks) {
+    s[0] = linear_scratch(m, m->qkv_rows, C);
+    s[1] = linear_scratch(m, C, m->att_dim);
+    s[2] = linear_scratch(m, m->fc_rows, C);
+    s[3] = linear_scratch(m, C, m->hidden);
+    if (m->kv_rep > 1) {
+      s[4] = m->be->gemm_scratch(m->dt, ZT_F32, m->att_dim, C, N);
+      s[5] = m->be->gemm_scratch(m->dt, ZT_F32, m->qkv_rows - m->att_dim, C, N);
+    }
+  }
+  if (head) s[6] = linear_scratch(m, m->vocab_local, C);
+  for (int i = 0; i < 7; i++) most = s[i] > most ? s[i] : most;
+  return (int64_t)most;
+}
+
 const void *zt_model_output(const zt_model *m, int c, int s) {
   const zt_chunk *k = &m->chunks[c];
   return k->slots[s].res[k->last - k->first + 1];

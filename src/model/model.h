@@ -309,6 +309,11 @@ void zt_model_sync_tied(zt_model *m);
  * engine's. */
 int64_t zt_model_state_bytes(const zt_model *m);
 
+/* Bytes of backend scratch this rank's GEMMs keep (zt_backend.gemm_scratch),
+ * known from the shapes before anything runs: the passes call GEMMs from
+ * one thread, which keeps the largest one's. */
+int64_t zt_model_gemm_scratch(const zt_model *m);
+
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */
 double zt_model_flops_per_token(const zt_model *m);

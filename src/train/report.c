@@ -74,6 +74,8 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
                         (json_int_t)st->bytes_tp, "state_bytes",
                         (json_int_t)st->state_bytes, "buffer_bytes",
                         (json_int_t)st->buffer_bytes, "act_bytes", (json_int_t)st->act_bytes);
+  /* a key of its own, after the others: readers of the older lines keep working */
+  if (o) json_object_set_new(o, "scratch_bytes", json_integer((json_int_t)r->scratch_bytes));
   if (o && st->pipeline)
     json_object_set_new(o, "bubble", json_pack("{s:o, s:o}", "measured", jnum(st->bubble),
                                                "simulated", jnum(st->bubble_sim)));

@@ -35,6 +35,9 @@ typedef struct zt_report {
   double flops_per_token, peak_flops;
   double t_start, tokens_done;
   zt_peak gemm;       /* set by the caller after zt_report_open */
+  int64_t scratch_bytes; /* backend scratch the passes keep (zt_backend.gemm_scratch),
+                          * set by the caller after zt_report_open; every step
+                          * reports it beside the step's own memory figures */
 } zt_report;
 
 int zt_report_open(zt_report *r, int active, const char *metrics_path,

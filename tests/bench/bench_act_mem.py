@@ -16,11 +16,14 @@ dim 64, T = 64) less that model's own reported buffers, and subtracted. What is 
 the run reports in its metrics line: model states (`state_bytes`: weights,
 gradients, AdamW moments), ZeRO buffers (`buffer_bytes`) and activations
 (`act_bytes`: every activation slot and the scratch of a pass, from the
-same sizes that allocated them). In 16-bit runs the states include the
-16-bit copy of the weights. "act measured" is the measured remainder
-less the model states and buffers; the ratio to `act_bytes` is what should
-be 1 (anything a step allocates outside the reported buffers, such as GEMM
-or attention scratch, shows up as a ratio above 1). One process, one
+same sizes that allocated them), and the backend scratch the GEMMs keep
+(`scratch_bytes`: the 16-bit GEMMs' widened operands, 0 in fp32; 0 too
+for a ztrain that does not report it). In 16-bit runs the states include
+the 16-bit copy of the weights. "act measured" is the measured remainder
+less the model states, buffers and scratch; the ratio to `act_bytes` is
+what should be 1 (anything a step allocates outside the reported figures,
+such as attention's per-call tiles or the BLAS's own buffers, shows up
+as a ratio above 1). One process, one
 OpenMP thread, one step (log_every = 0: no SGEMM probe). Peak RSS comes
 from wait4's ru_maxrss of the ztrain process.
 """
@@ -75,10 +78,11 @@ data = {{train = "{d}/tok.bin", dtype = "u16", shuffle = false}}
 
     tiny = "zt.gpt{vocab = 50257, seq = 64, dim = 64, layers = 2, heads = 2}"
     rss, m = run(ztrain, script(tiny, 64, "none"), [], d)
-    base = rss - (m["state_bytes"] + m["buffer_bytes"] + m["act_bytes"])
+    base = rss - (m["state_bytes"] + m["buffer_bytes"] + m["act_bytes"] + m.get("scratch_bytes", 0))
     print(f"process baseline: {base / MIB:.0f} MiB (a tiny model's peak RSS {rss / MIB:.0f} MiB "
           f"less its reported buffers)")
-    hdr = f"{'precision':>9} {'seq':>5} {'recompute':>9} {'peak RSS':>9} {'states':>8} {'act reported':>12} {'act measured':>12} {'ratio':>6}"
+    hdr = (f"{'precision':>9} {'seq':>5} {'recompute':>9} {'peak RSS':>9} {'states':>8} {'scratch':>8} "
+           f"{'act reported':>12} {'act measured':>12} {'ratio':>6}")
     print(hdr + "   (MiB)")
     results = []
     for prec, seq in [(p, int(s)) for p in a.precision.split(",") for s in a.seqs.split(",")]:
@@ -86,13 +90,14 @@ data = {{train = "{d}/tok.bin", dtype = "u16", shuffle = false}}
         for rc in ("none", "full"):
             rss, m = run(ztrain, script(model, seq, rc, prec), [], d)
             states = m["state_bytes"] + m["buffer_bytes"]
-            measured = rss - base - states
+            scratch = m.get("scratch_bytes", 0)
+            measured = rss - base - states - scratch
             r = {"precision": prec, "seq": seq, "micro_batch": a.micro_batch, "recompute": rc, "peak_rss": rss,
                  "baseline_rss": base, "state_bytes": m["state_bytes"],
-                 "buffer_bytes": m["buffer_bytes"], "act_bytes": m["act_bytes"],
+                 "buffer_bytes": m["buffer_bytes"], "scratch_bytes": scratch, "act_bytes": m["act_bytes"],
                  "act_measured": measured, "ratio": measured / m["act_bytes"]}
             results.append(r)
-            print(f"{prec:>9} {seq:>5} {rc:>9} {rss / MIB:>9.0f} {states / MIB:>8.0f} "
+            print(f"{prec:>9} {seq:>5} {rc:>9} {rss / MIB:>9.0f} {states / MIB:>8.0f} {scratch / MIB:>8.0f} "
                   f"{m['act_bytes'] / MIB:>12.0f} {measured / MIB:>12.0f} {r['ratio']:>6.3f}")
     if a.json:
         with open(a.json, "w") as f:

@@ -80,7 +80,7 @@ static void test_swiglu(void **state) {
 
 static void test_attention(void **state) {
   (void)state;
-  /* T = 300: several query tiles, two key tiles, the second partial (ops_impl.h) */
+  /* T = 300: several query tiles, two key tiles, the second partial (attn_impl.h) */
   int B = 2, T = 300, H = 4, KVH = 2, hd = 8, rs = (H + 2 * KVH) * hd;
   /* sd 3 gives scores of tens: the softmax's exp sees a wide range */
   pair qkv = randp((size_t)B * T * rs, "attn.qkv", 3.0);

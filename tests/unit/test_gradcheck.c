@@ -372,7 +372,7 @@ static void test_rope(void **state) {
 }
 
 /* ------------------------------------------------------------- attention */
-/* The kernels work in tiles of 64 query rows and 256 keys (ops_impl.h), so
+/* The kernels work in tiles of 64 query rows and 256 keys (attn_impl.h), so
  * T = 64, 65, 130, 300 and 512 cover one tile, a partial query tile of one
  * row, several query tiles, a partial second key tile and several of each
  * (the online softmax rescaling when a row's max grows from one key tile

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 #include "kernels/cpu/f16_simd.h"
 #include "kernels/cpu/ops.h"
@@ -31,20 +32,11 @@
 #include "src/core/rng.h"
 #include "tests/unit/pool.h"
 
-/* ops_impl.h again, bf16, with a small GEMM scratch budget: see
- * test_gemm_blocks. */
-#define REAL float
-#define STORE uint16_t
-#define LD zt_bf16_to_f32
-#define ST zt_bf16_from_f32
-#define LD_N zt_bf16_to_f32_n
-#define ST_N zt_bf16_from_f32_n
+/* ops_impl.h again, the bf16 build's definitions, with a small GEMM
+ * scratch budget: see test_gemm_blocks. */
+#include "kernels/cpu/ops_bf16.h"
 #define FN(name) tiny_bf16_##name
-#define GEMM zt_cpu_sgemm
-#define EXP zt_expf
-#define TANH zt_tanhf
 #define GEMM16_SCRATCH ((size_t)1 << 16)
-#include "kernels/cpu/gemm_path.h"
 #include "kernels/cpu/ops_impl.h"
 
 /* One 16-bit build: its rounding, its unit roundoff u (half an ulp,
@@ -260,6 +252,82 @@ static void test_gemm_blocks(void **state) {
       assert_true(worst16 <= 1 && worst32 <= 1);
       free_pool(NULL);
     }
+}
+
+/* ---------------------------------------------------------- gemm scratch */
+/* What the backend says a 16-bit GEMM keeps (zt_backend.gemm_scratch, from
+ * which a run reports scratch_bytes) against what the GEMM holds once it
+ * ran. Each case runs on a thread of its own, whose scratch starts empty
+ * (the scratch is the calling thread's); a thread that runs several GEMMs
+ * holds the largest one's. The small-budget build takes every way of
+ * cutting a GEMM (test_gemm_blocks' shapes); the backend's own builds a
+ * GEMM that fits and, in bf16, one past its 128 MiB budget (a head-like
+ * B of 40000 x 1000, cut into column blocks). */
+typedef struct {
+  int tiny;  /* the small-budget bf16 build, else the backend in dtype t */
+  zt_dtype t;
+  int n;
+  int shape[4][4]; /* m, n, k, c16 (0: gemm_acc into fp32) */
+  size_t said, held;
+} scratch_case;
+
+static int scratch_run(void *arg) {
+  scratch_case *c = arg;
+  const zt_backend *be = zt_backend_cpu();
+  for (int i = 0; i < c->n; i++) {
+    int m = c->shape[i][0], n = c->shape[i][1], k = c->shape[i][2], c16 = c->shape[i][3];
+    zt_dtype tc = c16 ? c->t : ZT_F32;
+    /* zeros of 4 bytes each: enough for any dtype, and values do not matter */
+    void *a = calloc((size_t)m * k, 4), *b = calloc((size_t)k * n, 4), *cc = calloc((size_t)m * n, 4);
+    if (!a || !b || !cc) abort();
+    size_t said;
+    if (c->tiny) {
+      if (c16) tiny_bf16_gemm(0, 0, m, n, k, 1, a, k, b, n, 0, cc, n);
+      else tiny_bf16_gemm_acc(0, 0, m, n, k, 1, a, k, b, n, 0, cc, n);
+      said = tiny_bf16_gemm_scratch_bytes(m, n, k, c16);
+    } else {
+      be->gemm(NULL, c->t, tc, 0, 0, m, n, k, 1, a, k, b, n, 0, cc, n);
+      said = be->gemm_scratch(c->t, tc, m, n, k);
+    }
+    c->said = said > c->said ? said : c->said;
+    free(a), free(b), free(cc);
+  }
+  c->held = c->tiny            ? tiny_bf16_gemm_scratch_held()
+            : c->t == ZT_BF16 ? zt_cpu_bf16_gemm_scratch_held()
+            : c->t == ZT_F16  ? zt_cpu_f16_gemm_scratch_held()
+                              : zt_cpu_f32_gemm_scratch_held();
+  return 0;
+}
+
+static void test_gemm_scratch(void **state) {
+  (void)state;
+  scratch_case cs[] = {
+      {1, ZT_BF16, 1, {{37, 29, 45, 1}}, 0, 0},
+      {1, ZT_BF16, 1, {{37, 29, 45, 0}}, 0, 0},
+      {1, ZT_BF16, 1, {{40, 2000, 100, 1}}, 0, 0},
+      {1, ZT_BF16, 1, {{2000, 40, 100, 0}}, 0, 0},
+      {1, ZT_BF16, 1, {{150, 120, 1000, 1}}, 0, 0},
+      {1, ZT_BF16, 1, {{300, 200, 1000, 1}}, 0, 0},
+      {1, ZT_BF16, 3, {{37, 29, 45, 1}, {300, 200, 1000, 0}, {40, 2000, 100, 1}}, 0, 0},
+      {0, ZT_BF16, 2, {{37, 29, 45, 1}, {64, 48, 80, 0}}, 0, 0},
+      {0, ZT_F16, 2, {{64, 48, 80, 0}, {37, 29, 45, 1}}, 0, 0},
+      {0, ZT_F32, 1, {{37, 29, 45, 1}}, 0, 0},
+      {0, ZT_BF16, 1, {{1, 40000, 1000, 1}}, 0, 0},
+  };
+  for (size_t q = 0; q < sizeof cs / sizeof *cs; q++) {
+    scratch_case *c = &cs[q];
+    thrd_t th;
+    assert_int_equal(thrd_create(&th, scratch_run, c), thrd_success);
+    assert_int_equal(thrd_join(th, NULL), thrd_success);
+    print_message("  %s, %d GEMM(s), the last %dx%dx%d: %zu bytes said, %zu held\n",
+                  c->tiny ? "bf16 (small budget)" : zt_dtype_name(c->t), c->n,
+                  c->shape[c->n - 1][0], c->shape[c->n - 1][1], c->shape[c->n - 1][2], c->said,
+                  c->held);
+    assert_true(c->said == c->held);
+    assert_true(c->t == ZT_F32 ? c->held == 0 : c->held > 0);
+  }
+  /* past the budget, the figure is the budget's 128 MiB and no more */
+  assert_true(cs[10].held <= (size_t)128 << 20 && cs[10].held > (size_t)120 << 20);
 }
 
 /* ------------------------------------------------------------- embedding */
@@ -620,7 +688,8 @@ int main(void) {
   cmocka_unit_test_prestate_setup_teardown(f, NULL, free_pool, (void *)&BF16),      \
       cmocka_unit_test_prestate_setup_teardown(f, NULL, free_pool, (void *)&F16)
   const struct CMUnitTest tests[] = {
-      T2(test_gemm),      cmocka_unit_test_teardown(test_gemm_blocks, free_pool), T2(test_embed),     T2(test_layernorm),
+      T2(test_gemm),      cmocka_unit_test_teardown(test_gemm_blocks, free_pool),
+      cmocka_unit_test(test_gemm_scratch), T2(test_embed),     T2(test_layernorm),
       T2(test_rmsnorm),   T2(test_elementwise), T2(test_rope),      T2(test_attention),
       T2(test_attention_chain), T2(test_xent),  T2(test_adamw),
       cmocka_unit_test_teardown(test_f16_simd, free_pool),
