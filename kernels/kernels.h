@@ -67,6 +67,10 @@ typedef struct zt_step_sums {
 
 typedef struct zt_backend {
   const char *name;
+  /* ZT_MEM_DEVICE memory is host memory that the host may read and write
+   * directly (the CPU backend): code may then skip staging copies. 0 on a
+   * GPU (and for zt_backend_remote). */
+  int host_visible;
   /* dtypes the ops take as `t` on this backend */
   int (*has_dtype)(zt_dtype t);
   /* A device reports failures asynchronously, and ops return nothing: the
@@ -204,6 +208,10 @@ typedef struct zt_backend {
 
 /* The CPU backend (BLAS + OpenMP). Always available. */
 const zt_backend *zt_backend_cpu(void);
+
+/* For tests: the CPU backend with device memory the host cannot address
+ * (any dereference outside the contract faults), as on a GPU. */
+const zt_backend *zt_backend_remote(void);
 
 /* Number of CUDA devices usable by this build and process (0 without CUDA). */
 int zt_backend_cuda_devices(void);

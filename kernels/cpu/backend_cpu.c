@@ -250,6 +250,7 @@ static void cpu_adamw(zt_stream *s, float *p, const float *g, float *m, float *v
 
 static const zt_backend cpu = {
     .name = "cpu",
+    .host_visible = 1,
     .has_dtype = cpu_has_dtype,
     .error = cpu_error,
     .alloc = cpu_alloc,

@@ -44,15 +44,60 @@ uint64_t zt_ckpt_checksum(const float *x, int64_t n, int64_t first) {
 
 /* ---- where each state lives on this rank ------------------------------------ */
 
+static const zt_state_kind state_kind[3] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,
+                                             ZT_STATE_EXP_AVG_SQ};
+
 /* Base pointer such that flat element i of state `which` (0 weights: the
  * fp32 masters, 1 exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range
- * [lo, hi) present. */
-float *zt_ckpti_state_at(const zt_zero *z, int which, int64_t *lo, int64_t *hi) {
-  static const zt_state_kind kind[3] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG, ZT_STATE_EXP_AVG_SQ};
-  zt_state_view v = zt_zero_state(z, kind[which]);
+ * [lo, hi) present: in host memory. */
+float *zt_ckpti_state_at(const zt_ckpt_state *s, int which, int64_t *lo, int64_t *hi) {
+  zt_state_view v = zt_zero_state(s->z, state_kind[which]);
   *lo = v.lo;
   *hi = v.hi;
-  return v.data;
+  return s->host[which] ? s->host[which] : v.data;
+}
+
+/* A state is host-addressable where the backend's device memory is host
+ * memory, or where the policy placed it in host memory. */
+static int host_addressable(const zt_ckpt_state *s, const zt_state_view *v) {
+  return s->m->be->host_visible || v->mem != ZT_MEM_DEVICE;
+}
+
+int zt_ckpti_host_begin(zt_ckpt_state *ls, const zt_ckpt_state *s, zt_err *e) {
+  const zt_backend *be = s->m->be;
+  *ls = *s;
+  int ok = 1;
+  for (int k = 0; k < 3; k++) {
+    zt_state_view v = zt_zero_state(s->z, state_kind[k]);
+    ls->host[k] = NULL;
+    if (host_addressable(s, &v)) continue;
+    size_t bytes = (size_t)(v.hi - v.lo) * sizeof(float);
+    if (!(ls->host[k] = malloc(bytes ? bytes : 1))) {
+      ok = 0;
+      break;
+    }
+    be->copy(s->m->stream, ls->host[k], v.data, bytes);
+  }
+  be->stream_sync(s->m->stream); /* the host reads the copies next */
+  if (ok) return ZT_OK;
+  zt_ckpti_host_end(ls, 0);
+  return zt_err_set(e, ZT_ERUNTIME, "out of host memory for the checkpoint's copy of the state");
+}
+
+void zt_ckpti_host_end(zt_ckpt_state *ls, int kinds) {
+  const zt_backend *be = ls->m->be;
+  for (int k = 0; k < 3; k++) {
+    if (!ls->host[k]) continue;
+    if (k < kinds) {
+      zt_state_view v = zt_zero_state(ls->z, state_kind[k]);
+      be->copy(ls->m->stream, v.data, ls->host[k], (size_t)(v.hi - v.lo) * sizeof(float));
+    }
+  }
+  be->stream_sync(ls->m->stream); /* before the copies' memory goes */
+  for (int k = 0; k < 3; k++) {
+    free(ls->host[k]);
+    ls->host[k] = NULL;
+  }
 }
 
 /* ---- hyperslabs ------------------------------------------------------------ */
@@ -278,7 +323,7 @@ static const float *live_piece(const zt_ckpt_state *s, int which, int i) {
   const zt_tensor_desc *t = &s->m->params[i].t;
   int64_t a, b, lo, hi;
   zt_ckpti_counted_range(s, t, &a, &b);
-  const float *base = zt_ckpti_state_at(s->z, which, &lo, &hi);
+  const float *base = zt_ckpti_state_at(s, which, &lo, &hi);
   return t->offset < 0 ? base : base + (t->offset + a - lo); /* absent: nothing is read */
 }
 
@@ -614,7 +659,11 @@ static int save_impl(const char *path, const zt_ckpt_state *s, int64_t step, zt_
 }
 
 int zt_ckpt_save(const char *path, const zt_ckpt_state *s, zt_err *e) {
-  return save_impl(path, s, *s->step, &s->grid->world, NULL, e);
+  zt_ckpt_state ls;
+  int rc = zt_comm_agree(&s->grid->world, zt_ckpti_host_begin(&ls, s, e), e);
+  if (!rc) rc = save_impl(path, &ls, *s->step, &s->grid->world, NULL, e);
+  zt_ckpti_host_end(&ls, 0);
+  return rc;
 }
 
 /* ---- asynchronous save ------------------------------------------------------ */

@@ -40,6 +40,10 @@ typedef struct zt_ckpt_state {
   int64_t global_batch;    /* samples per step: the data position is step * this */
   int64_t samples;         /* samples in one epoch of the training data */
   uint64_t seed;
+  /* set by the checkpoint code itself: where the backend's device memory
+   * is not host memory, host copies of the states it reads and writes
+   * (weights, exp_avg, exp_avg_sq); NULL otherwise */
+  float *host[3];
 } zt_ckpt_state;
 
 /* Collective over the world. */

@@ -18,7 +18,13 @@
 
 /* Base pointer such that flat element i of state `which` (0 weights, 1
  * exp_avg, 2 exp_avg_sq) is base[i - *lo], and the range [lo, hi) present. */
-float *zt_ckpti_state_at(const zt_zero *z, int which, int64_t *lo, int64_t *hi);
+float *zt_ckpti_state_at(const zt_ckpt_state *s, int which, int64_t *lo, int64_t *hi);
+/* Where the host cannot address the backend's device memory: *ls = *s with
+ * host copies of the states (downloaded), which zt_ckpti_state_at then
+ * hands out; ZT_ERUNTIME when out of host memory. Elsewhere *ls = *s. */
+int zt_ckpti_host_begin(zt_ckpt_state *ls, const zt_ckpt_state *s, zt_err *e);
+/* Frees the copies; with upload, after copying the first `kinds` back. */
+void zt_ckpti_host_end(zt_ckpt_state *ls, int kinds);
 
 /* Selects the logical image of local elements [a, b) of t's piece
  * (row-major in the local shape): its order equals the local order, so a

@@ -122,7 +122,7 @@ static int check_group(hid_t f, const char *path, const char *group, const zt_mo
 static float *held_range(const zt_ckpt_state *s, int which, const zt_tensor_desc *t, int64_t *a,
                          int64_t *b) {
   int64_t lo, hi, off = t->offset;
-  float *base = zt_ckpti_state_at(s->z, which, &lo, &hi);
+  float *base = zt_ckpti_state_at(s, which, &lo, &hi);
   *a = (lo > off ? lo : off) - off, *b = (hi < off + t->numel ? hi : off + t->numel) - off;
   if (*b < *a || off < 0) *a = *b = 0, off = lo; /* off < 0: another pipeline stage holds it */
   return base + (off + *a - lo);
@@ -222,7 +222,19 @@ static int read_state(hid_t f, long long step, zt_ckpt_state_rec *r, const char 
   return rc;
 }
 
+static int load_impl(const char *path, const zt_ckpt_state *s, int *kinds, zt_err *e);
+
+/* The load reads into host copies of the states where the host cannot
+ * address them, and copies what it read back. */
 int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
+  zt_ckpt_state ls;
+  int kinds = 0, rc = zt_comm_agree(&s->grid->world, zt_ckpti_host_begin(&ls, s, e), e);
+  if (!rc) rc = load_impl(path, &ls, &kinds, e);
+  zt_ckpti_host_end(&ls, rc ? 0 : kinds);
+  return rc;
+}
+
+static int load_impl(const char *path, const zt_ckpt_state *s, int *kinds, zt_err *e) {
   zt_model *m = s->m;
   zt_grid *g = s->grid;
   zt_comm *w = &g->world;
@@ -377,6 +389,7 @@ int zt_ckpt_load(const char *path, const zt_ckpt_state *s, zt_err *e) {
                         path, zt_ckpt_group_path[which], m->params[i].t.name,
                         (unsigned long long)nonfinite[which * np + i]);
   free(got);
+  *kinds = optim ? 3 : 1;
   if (!rc && optim) {
     *s->step = step;
     if (s->skipped) *s->skipped = rec.skipped_steps;

@@ -279,7 +279,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
     snprintf(scratch, sizeof scratch, " (+ GEMM scratch %.1f MiB)", rep->scratch_bytes / 1048576.0);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
-         "%d threads/rank%s\n"
+         "backend %s, %d threads/rank%s\n"
          "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s%s | "
          "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
@@ -288,7 +288,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
-         omp_get_max_threads(), prec, states / 1048576.0, buffers / 1048576.0,
+         m->be->name, omp_get_max_threads(), prec, states / 1048576.0, buffers / 1048576.0,
          m->act_bytes / 1048576.0, recompute, scratch, (long long)tr->t,
          (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
@@ -320,7 +320,9 @@ static int write_trace(const char *path, zt_comm *world, double origin, zt_err *
 }
 
 static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
-  const zt_backend *be = zt_backend_cpu();
+  /* test hook: device memory the host cannot address, as on a GPU */
+  const char *tb = getenv("ZT_TEST_BACKEND");
+  const zt_backend *be = tb && !strcmp(tb, "remote") ? zt_backend_remote() : zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
   zt_tokens train_tok = {0}, val_tok = {0};
