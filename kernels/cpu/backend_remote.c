@@ -7,9 +7,11 @@
  * on it works, any dereference faults at once (SIGSEGV at the culprit,
  * not a wrong number later). Each op moves its pointers back and calls
  * the CPU backend, so results are bitwise the CPU backend's.
- * ZT_TEST_BACKEND=remote selects it in ztrain. */
+ * ZT_TEST_BACKEND=remote selects it in ztrain; ZT_TEST_DEVICE_FAIL=K makes
+ * its K-th GEMM report a failure through `error`, as a device would. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/kernels.h"
 
@@ -39,9 +41,21 @@ static void remote_memzero(zt_stream *s, void *dst, size_t bytes) {
   cpu()->memzero(s, H(dst), bytes);
 }
 
+/* The first failure, as a device keeps it (test hook ZT_TEST_DEVICE_FAIL). */
+static char failure[160];
+static long long gemms, fail_at = -1;
+
+static int remote_error(char *msg, size_t n) {
+  if (n) snprintf(msg, n, "%s", failure);
+  return failure[0] != 0;
+}
+
 static void remote_gemm(zt_stream *s, zt_dtype t, zt_dtype tc, int ta, int tb, int m, int n, int k,
                         float alpha, const void *a, int lda, const void *b, int ldb, float beta,
                         void *c, int ldc) {
+  if (++gemms == fail_at && !failure[0])
+    snprintf(failure, sizeof failure, "test: injected failure of GEMM %lld (%d x %d x %d)",
+             gemms, m, n, k);
   cpu()->gemm(s, t, tc, ta, tb, m, n, k, alpha, H(a), lda, H(b), ldb, beta, H(c), ldc);
 }
 static void remote_embed_fwd(zt_stream *s, zt_dtype t, void *out, const int32_t *tok,
@@ -152,6 +166,9 @@ const zt_backend *zt_backend_remote(void) {
     remote = *cpu(); /* streams, events, has_dtype, error: the CPU backend's */
     remote.name = "cpu-remote";
     remote.host_visible = 0;
+    remote.error = remote_error;
+    const char *at = getenv("ZT_TEST_DEVICE_FAIL");
+    fail_at = at ? atoll(at) : -1;
     remote.alloc = remote_alloc;
     remote.free = remote_free;
     remote.copy = remote_copy;

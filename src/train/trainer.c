@@ -311,8 +311,21 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   zt_optim_sumsq(m, &r, count_any, t->sums);
   m->be->copy(m->stream, &dev, t->sums, sizeof dev); /* the step's one read-back */
   m->be->stream_sync(m->stream);
-  double sums[2] = {g->tp_rank == 0 ? loss : 0, dev.sumsq};
-  zt_comm_allreduce(&g->world, sums, 2, ZT_F64, ZT_SUM);
+  /* a device reports failures late and ops return nothing: its first
+   * failure is read here, once a step, and travels with the sums */
+  char why[200];
+  int failed = m->be->error(why, sizeof why) != 0;
+  double sums[3] = {g->tp_rank == 0 ? loss : 0, dev.sumsq, failed};
+  zt_comm_allreduce(&g->world, sums, 3, ZT_F64, ZT_SUM);
+  if (sums[2] > 0) { /* every rank sees it: all stop alike, with the failing rank's words */
+    *st = (zt_step_stats){.step = t->t + 1, .loss = NAN, .grad_norm = NAN, .skipped = 1,
+                          .tokens = tokens};
+    return zt_comm_agree(&g->world,
+                         failed ? zt_err_set(e, ZT_ERUNTIME, "step %lld: the %s backend failed "
+                                             "on rank %d: %s", (long long)t->t + 1, m->be->name,
+                                             g->world.rank, why)
+                                : ZT_OK, e);
+  }
   /* Every rank holds the same sums, so every rank decides alike. A skipped
    * step still advances t: the next step takes the next global batch. */
   int rc = ZT_OK;

@@ -3,7 +3,8 @@
 # trains, evaluates, saves, loads and resumes on the cpu-remote backend
 # (ZT_TEST_BACKEND=remote: device pointers the host cannot dereference, as
 # on a GPU; a stray read faults at once) and ends bitwise equal to the CPU
-# backend, for gpt and llama in fp32, bf16 and fp16, with recomputation.
+# backend, for gpt and llama in fp32, bf16 and fp16, with recomputation;
+# and a failure the device reports late stops the run cleanly.
 # Several processes do not run on it yet: their collectives hand device
 # buffers to MPI (the NCCL path of the CUDA issue).
 # Usage: remote_memory.sh ZTRAIN
@@ -53,4 +54,17 @@ done
 # host faults (this would pass on the CPU backend)
 grep -q "cpu-remote" gpt-fp32-remote/out.txt ||
   { echo "FAIL: the banner does not name the cpu-remote backend"; fail=$((fail + 1)); }
+# a device failure (reported late, as a GPU does) stops the run at the
+# step that reads it: exit 1, the message names the step, the backend and
+# what failed; no final checkpoint
+rc=0
+mkdir -p devfail && (cd devfail && ZT_TEST_BACKEND=remote ZT_TEST_DEVICE_FAIL=50 OMP_NUM_THREADS=1 \
+  timeout 300 "$Z" ../gpt.lua --save final.h5 > out.txt 2>&1) || rc=$?
+printf '%-34s ' "device failure:"
+if [ $rc -eq 1 ] && grep -q "step [0-9]*: the cpu-remote backend failed on rank 0: test: injected failure of GEMM 50" devfail/out.txt &&
+   [ ! -e devfail/final.h5 ]; then
+  grep -o "step [0-9]*: the cpu-remote backend failed.*" devfail/out.txt | head -1
+else
+  echo "FAIL: exit $rc"; tail -3 devfail/out.txt; fail=$((fail + 1))
+fi
 [ $fail -eq 0 ] && echo "remote memory: all equal" || { echo "$fail failed"; exit 1; }
