@@ -50,7 +50,10 @@ catch):
   D-from-fp32-O    attention backward's D from the unrounded output
 
 With a loss scale it also says whether the (loss_scale, skipped) sequences
-agree, and for fp16 the margin of each step's overflow decision.
+agree, and for fp16 the margin of each step's overflow decision and how far
+each computation moves it (the largest relative change of a one-step
+replay's largest |gradient| at a rounding point, over the steps whose
+decision agrees).
 
 --write-run DIR --as NAME instead trains computation NAME and writes what a
 ztrain run would (DIR/final.h5, DIR/ck/step_*.h5 after every step,
@@ -265,7 +268,12 @@ def main() -> int:
         print("  largest |gradient| / 65520 per step: " + " ".join(f"{r.grad_max / 65520:.3g}" for r in base))
     # one step of the reference itself from its snapshots (to compare the
     # others' one steps with)
-    base_one = [one_step(ck, plan, ztorch.MixedPrecision(args.precision), data) for ck in snaps]
+    # (and its largest |gradient| at a rounding point, to see how far the
+    # others move it)
+    base_one = []
+    for ck in snaps:
+        mp1 = ztorch.MixedPrecision(args.precision)
+        base_one.append((*one_step(ck, plan, mp1, data), mp1.grad_max))
 
     print(f"  {'':>14} {'whole run: loss':>16} {'final weights':>14}   {'one step: loss':>15} {'gradient':>10}")
     for name in names:
@@ -276,11 +284,15 @@ def main() -> int:
                         for n, q in model.named_parameters()), reverse=True)
         same = [(r.loss_scale, r.skipped) for r in rows] == [(b.loss_scale, b.skipped) for b in base]
         one_loss, one_grad = 0.0, (0.0, 0, "")
-        one_same = True
-        for ck, (bm, bopt, br) in zip(snaps, base_one):
-            m1, opt1, r1 = one_step(ck, plan, make(args.precision), data)
+        one_same, gmax_moved = True, None
+        for ck, (bm, bopt, br, bgmax) in zip(snaps, base_one):
+            mp1 = make(args.precision)
+            m1, opt1, r1 = one_step(ck, plan, mp1, data)
             one_loss = max(one_loss, compare.rel(r1.loss, br.loss))
             one_same &= (r1.loss_scale, r1.skipped) == (br.loss_scale, br.skipped)
+            # (a computation that rounds no gradient measures none)
+            if mp1 is not None and mp1.grad_max > 0 and (r1.loss_scale, r1.skipped) == (br.loss_scale, br.skipped):
+                gmax_moved = max(gmax_moved or 0.0, compare.rel(mp1.grad_max, bgmax))
             if br.skipped or r1.skipped:
                 continue
             g1, gb = grads_of(ck, m1, opt1, b1), grads_of(ck, bm, bopt, b1)
@@ -290,7 +302,9 @@ def main() -> int:
         print(f"  {name:>14} {max(loss_rel):>10.2e} (s{worst + 1:<2}) {dists[0][0]:>9.2e}        "
               f"{one_loss:>12.2e} {one_grad[0]:>12.2e} (s{one_grad[1]} {one_grad[2]})"
               + ("" if same and one_same else f"  scaler sequence differs: whole run {not same}, one step {not one_same}")
-              + f"\n  {'':>14} final weights worst {dists[0][1]}, median {dists[len(dists) // 2][0]:.2e}")
+              + f"\n  {'':>14} final weights worst {dists[0][1]}, median {dists[len(dists) // 2][0]:.2e}"
+              + (f"; one step's largest |gradient| moved up to {gmax_moved:.2e}"
+                 if args.precision == "fp16" and gmax_moved is not None else ""))
         if args.v:
             print(f"  {'':>14} per step: " + " ".join(f"{x:.1e}" for x in loss_rel))
     return 0
