@@ -71,6 +71,8 @@ typedef struct zt_backend {
    * directly (the CPU backend): code may then skip staging copies. 0 on a
    * GPU (and for zt_backend_remote). */
   int host_visible;
+  /* Whether p points into this backend's ZT_MEM_DEVICE memory. */
+  int (*is_device)(const void *p);
   /* dtypes the ops take as `t` on this backend */
   int (*has_dtype)(zt_dtype t);
   /* A device reports failures asynchronously, and ops return nothing: the

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -234,7 +235,7 @@ static MPI_Op mpi_op(zt_dtype t, zt_redop op) {
 
 /* ---- collectives ------------------------------------------------------------ */
 
-void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op) {
+static void mpi_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op) {
   size_t size = zt_dtype_size(t);
   uint64_t seq = start(c, ZT_OP_ALLREDUCE, t, ring_allreduce(c, n * size));
   if (c->size == 1) return;
@@ -348,7 +349,7 @@ void zt_comm_finalize(zt_comm *world) {
   MPI_Finalize();
 }
 
-void zt_comm_bcast(zt_comm *c, void *buf, size_t n, zt_dtype t, int root) {
+static void mpi_bcast(zt_comm *c, void *buf, size_t n, zt_dtype t, int root) {
   size_t size = zt_dtype_size(t);
   uint64_t seq = start(c, ZT_OP_BCAST, t, c->size > 1 ? (double)n * size : 0);
   if (c->size == 1) return;
@@ -361,7 +362,7 @@ void zt_comm_bcast(zt_comm *c, void *buf, size_t n, zt_dtype t, int root) {
   }
 }
 
-void zt_comm_gather(zt_comm *c, const void *send, void *recv, size_t n, zt_dtype t, int root) {
+static void mpi_gather(zt_comm *c, const void *send, void *recv, size_t n, zt_dtype t, int root) {
   size_t size = zt_dtype_size(t);
   uint64_t seq = start(c, ZT_OP_GATHER, t, c->rank == root ? 0 : (double)n * size);
   if (c->size == 1) {
@@ -374,7 +375,7 @@ void zt_comm_gather(zt_comm *c, const void *send, void *recv, size_t n, zt_dtype
           MPI_Igather(send, (int)n, type, recv, (int)n, type, root, c->mpi, &req_));
 }
 
-void zt_comm_gatherv(zt_comm *c, const void *send, void *recv, const int *counts,
+static void mpi_gatherv(zt_comm *c, const void *send, void *recv, const int *counts,
                      const int *displs, zt_dtype t, int root) {
   size_t size = zt_dtype_size(t);
   uint64_t seq =
@@ -412,7 +413,7 @@ static void start_req(zt_comm *c, zt_comm_op op, zt_dtype t, double bytes, zt_re
   r->t0 = zt_timer_now();
 }
 
-void zt_comm_iallreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op, zt_req *r) {
+static void mpi_iallreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op, zt_req *r) {
   start_req(c, ZT_OP_ALLREDUCE, t, ring_allreduce(c, n * zt_dtype_size(t)), r);
   if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
   zt_comm_lock();
@@ -426,7 +427,7 @@ static void own_part(const zt_comm *c, const void *send, void *recv, const int *
   if (recv != send) memcpy(recv, send, (size_t)sum_counts(c, counts) * zt_dtype_size(t));
 }
 
-void zt_comm_ireduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+static void mpi_ireduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
                              zt_dtype t, zt_redop op, zt_req *r) {
   start_req(c, ZT_OP_REDUCE_SCATTER, t, others_bytes(c, counts, t), r);
   if (c->size == 1) {
@@ -440,7 +441,7 @@ void zt_comm_ireduce_scatter(zt_comm *c, const void *send, void *recv, const int
   zt_comm_unlock();
 }
 
-void zt_comm_reduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+static void mpi_reduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
                             zt_dtype t, zt_redop op) {
   uint64_t seq = start(c, ZT_OP_REDUCE_SCATTER, t, others_bytes(c, counts, t));
   if (c->size == 1) {
@@ -455,7 +456,7 @@ void zt_comm_reduce_scatter(zt_comm *c, const void *send, void *recv, const int 
           MPI_Ireduce_scatter(in, recv, counts, type, mop, c->mpi, &req_));
 }
 
-void zt_comm_iallgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t,
+static void mpi_iallgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t,
                         zt_req *r) {
   start_req(c, ZT_OP_ALLGATHER, t, others_bytes(c, counts, t), r);
   if (c->size == 1 || zt_watchdog_should_skip(c, r->seq)) return;
@@ -465,7 +466,7 @@ void zt_comm_iallgather(zt_comm *c, void *buf, const int *counts, const int *dis
   zt_comm_unlock();
 }
 
-void zt_comm_allgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t) {
+static void mpi_allgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t) {
   uint64_t seq = start(c, ZT_OP_ALLGATHER, t, others_bytes(c, counts, t));
   if (c->size == 1) return;
   MPI_Datatype type = mpi_type(t);
@@ -496,19 +497,27 @@ static void p2p(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, 
   zt_comm_unlock();
 }
 
-void zt_comm_isend(zt_comm *c, const void *buf, size_t n, zt_dtype t, int peer, int tag,
+static void mpi_isend(zt_comm *c, const void *buf, size_t n, zt_dtype t, int peer, int tag,
                    zt_req *r) {
   p2p(c, (void *)buf, n, t, peer, tag, r, 1);
 }
 
-void zt_comm_irecv(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r) {
+static void mpi_irecv(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r) {
   p2p(c, buf, n, t, peer, tag, r, 0);
 }
 
-void zt_comm_wait(zt_req *r) { wait_watched(r->c, r->op, r->seq, &r->mpi, r->t0); }
+static void finish_stage(zt_req *r);
+
+void zt_comm_wait(zt_req *r) {
+  wait_watched(r->c, r->op, r->seq, &r->mpi, r->t0);
+  finish_stage(r);
+}
 
 void zt_comm_wait_idle(zt_req *r) {
-  if (r->mpi == MPI_REQUEST_NULL) return;
+  if (r->mpi == MPI_REQUEST_NULL) {
+    finish_stage(r);
+    return;
+  }
   zt_watchdog_enter(r->c, r->op, r->seq, NULL);
   /* a short spin answers quick transfers at once; then 20 us naps, which
    * cost nothing against actions of milliseconds */
@@ -518,11 +527,236 @@ void zt_comm_wait_idle(zt_req *r) {
     else nanosleep(&nap, NULL);
   zt_watchdog_leave();
   traced(r->c, r->op, r->seq, r->t0);
+  finish_stage(r);
 }
 
 int zt_comm_test(zt_req *r) {
-  if (r->mpi == MPI_REQUEST_NULL) return 1;
-  if (!test_locked(&r->mpi)) return 0;
-  traced(r->c, r->op, r->seq, r->t0);
+  if (r->mpi != MPI_REQUEST_NULL) {
+    if (!test_locked(&r->mpi)) return 0;
+    traced(r->c, r->op, r->seq, r->t0);
+  }
+  finish_stage(r);
   return 1;
+}
+
+/* ---- device buffers ------------------------------------------------------- */
+
+/* MPI here reads and writes host memory. Where the backend's device memory
+ * is not host memory (zt_comm_set_device), a device buffer travels through
+ * a host copy: copied in before MPI reads it, copied back after MPI wrote
+ * it (a non-blocking call's when it completes). The caller has synced the
+ * stream that wrote the buffer, as it does before MPI reads one. A path
+ * that needs no host copy (NCCL on device memory) replaces this one. */
+static const zt_backend *dev_be;
+
+void zt_comm_set_device(const zt_backend *be) { dev_be = be && !be->host_visible ? be : NULL; }
+
+static int on_dev(const void *p) { return dev_be && p && dev_be->is_device(p); }
+
+/* A collective cannot fail on one member alone without hanging the others:
+ * out of host memory here ends the job, with the numbers. */
+static void *host_buffer(size_t bytes) {
+  void *h = malloc(bytes ? bytes : 1);
+  if (!h) {
+    fprintf(stderr, "ztrain: out of host memory staging %zu bytes of device memory for MPI\n",
+            bytes);
+    zt_comm_abort(1);
+  }
+  return h;
+}
+
+/* A host copy of dev[bytes]: its contents copied in when `in`. */
+static void *stage_in(const void *dev, size_t bytes, int in) {
+  void *h = host_buffer(bytes);
+  if (in && bytes) {
+    dev_be->copy(NULL, h, dev, bytes);
+    dev_be->stream_sync(NULL);
+  }
+  return h;
+}
+
+static void stage_out(void *dev, void *h, size_t bytes) {
+  if (bytes) {
+    dev_be->copy(NULL, dev, h, bytes);
+    dev_be->stream_sync(NULL);
+  }
+  free(h);
+}
+
+/* What a non-blocking call staged: copied back (recv) and freed on completion. */
+static void req_stage(zt_req *r, void *send_h, void *recv_h, void *recv_dev, size_t bytes) {
+  r->stage_send = send_h;
+  r->stage_recv = recv_h;
+  r->stage_dev = recv_dev;
+  r->stage_bytes = bytes;
+}
+
+static void finish_stage(zt_req *r) {
+  if (r->stage_recv) stage_out(r->stage_dev, r->stage_recv, r->stage_bytes);
+  if (r->stage_send != r->stage_recv) free(r->stage_send);
+  req_stage(r, NULL, NULL, NULL, 0);
+}
+
+/* Elements an in-place gather's buffer spans. */
+static size_t extent(const zt_comm *c, const int *counts, const int *displs) {
+  size_t n = 0;
+  for (int i = 0; i < c->size; i++)
+    if (counts[i] && (size_t)displs[i] + (size_t)counts[i] > n)
+      n = (size_t)displs[i] + (size_t)counts[i];
+  return n;
+}
+
+void zt_comm_allreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op) {
+  if (c->size == 1 || !on_dev(x)) {
+    mpi_allreduce(c, x, n, t, op);
+    return;
+  }
+  size_t b = n * zt_dtype_size(t);
+  void *h = stage_in(x, b, 1);
+  mpi_allreduce(c, h, n, t, op);
+  stage_out(x, h, b);
+}
+
+void zt_comm_bcast(zt_comm *c, void *buf, size_t n, zt_dtype t, int root) {
+  if (c->size == 1 || !on_dev(buf)) {
+    mpi_bcast(c, buf, n, t, root);
+    return;
+  }
+  size_t b = n * zt_dtype_size(t);
+  void *h = stage_in(buf, b, c->rank == root);
+  mpi_bcast(c, h, n, t, root);
+  stage_out(buf, h, b);
+}
+
+void zt_comm_gather(zt_comm *c, const void *send, void *recv, size_t n, zt_dtype t, int root) {
+  size_t b = n * zt_dtype_size(t);
+  int sd = on_dev(send), rd = c->rank == root && on_dev(recv);
+  const void *hs = sd ? stage_in(send, b, 1) : send;
+  void *hr = rd ? stage_in(recv, b * (size_t)c->size, 0) : recv;
+  mpi_gather(c, hs, hr, n, t, root);
+  if (sd) free((void *)hs);
+  if (rd) stage_out(recv, hr, b * (size_t)c->size);
+}
+
+void zt_comm_gatherv(zt_comm *c, const void *send, void *recv, const int *counts,
+                     const int *displs, zt_dtype t, int root) {
+  size_t x = zt_dtype_size(t), rb = extent(c, counts, displs) * x;
+  int sd = on_dev(send) && send != recv, rd = c->rank == root && on_dev(recv);
+  const void *hs = sd ? stage_in(send, (size_t)counts[c->rank] * x, 1) : send;
+  /* what the members do not fill stays as it was: copied in too */
+  void *hr = rd ? stage_in(recv, rb, 1) : recv;
+  if (send == recv && rd) hs = hr;
+  mpi_gatherv(c, hs, hr, counts, displs, t, root);
+  if (sd) free((void *)hs);
+  if (rd) stage_out(recv, hr, rb);
+}
+
+void zt_comm_reduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+                            zt_dtype t, zt_redop op) {
+  size_t x = zt_dtype_size(t), total = (size_t)sum_counts(c, counts) * x;
+  size_t mine = (size_t)counts[c->rank] * x;
+  if (send == recv) {
+    if (c->size == 1 || !on_dev(recv)) {
+      mpi_reduce_scatter(c, send, recv, counts, t, op);
+      return;
+    }
+    void *h = stage_in(recv, total, 1);
+    mpi_reduce_scatter(c, h, h, counts, t, op);
+    stage_out(recv, h, mine);
+    return;
+  }
+  int sd = on_dev(send), rd = on_dev(recv);
+  const void *hs = sd ? stage_in(send, total, 1) : send;
+  void *hr = rd ? stage_in(recv, c->size == 1 ? total : mine, 0) : recv;
+  mpi_reduce_scatter(c, hs, hr, counts, t, op);
+  if (sd) free((void *)hs);
+  if (rd) stage_out(recv, hr, c->size == 1 ? total : mine);
+}
+
+void zt_comm_allgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t) {
+  if (c->size == 1 || !on_dev(buf)) {
+    mpi_allgather(c, buf, counts, displs, t);
+    return;
+  }
+  size_t b = extent(c, counts, displs) * zt_dtype_size(t);
+  void *h = stage_in(buf, b, 1);
+  mpi_allgather(c, h, counts, displs, t);
+  stage_out(buf, h, b);
+}
+
+void zt_comm_iallreduce(zt_comm *c, void *x, size_t n, zt_dtype t, zt_redop op, zt_req *r) {
+  if (c->size == 1 || !on_dev(x)) {
+    mpi_iallreduce(c, x, n, t, op, r);
+    req_stage(r, NULL, NULL, NULL, 0);
+    return;
+  }
+  size_t b = n * zt_dtype_size(t);
+  void *h = stage_in(x, b, 1);
+  mpi_iallreduce(c, h, n, t, op, r);
+  req_stage(r, h, h, x, b);
+}
+
+void zt_comm_ireduce_scatter(zt_comm *c, const void *send, void *recv, const int *counts,
+                             zt_dtype t, zt_redop op, zt_req *r) {
+  size_t x = zt_dtype_size(t), total = (size_t)sum_counts(c, counts) * x;
+  size_t mine = (size_t)counts[c->rank] * x;
+  if (c->size == 1 || (!on_dev(send) && !on_dev(recv))) {
+    /* the single member's part is a copy, device to device or host to host */
+    if (c->size == 1 && send != recv && (on_dev(send) || on_dev(recv))) {
+      start_req(c, ZT_OP_REDUCE_SCATTER, t, 0, r);
+      dev_be->copy(NULL, recv, send, total);
+      dev_be->stream_sync(NULL);
+    } else {
+      mpi_ireduce_scatter(c, send, recv, counts, t, op, r);
+    }
+    req_stage(r, NULL, NULL, NULL, 0);
+    return;
+  }
+  if (send == recv) {
+    void *h = stage_in(recv, total, 1);
+    mpi_ireduce_scatter(c, h, h, counts, t, op, r);
+    req_stage(r, h, h, recv, mine);
+    return;
+  }
+  void *hs = on_dev(send) ? stage_in(send, total, 1) : (void *)send;
+  void *hr = on_dev(recv) ? stage_in(recv, mine, 0) : recv;
+  mpi_ireduce_scatter(c, hs, hr, counts, t, op, r);
+  req_stage(r, hs != send ? hs : NULL, hr != recv ? hr : NULL, recv, mine);
+}
+
+void zt_comm_iallgather(zt_comm *c, void *buf, const int *counts, const int *displs, zt_dtype t,
+                        zt_req *r) {
+  if (c->size == 1 || !on_dev(buf)) {
+    mpi_iallgather(c, buf, counts, displs, t, r);
+    req_stage(r, NULL, NULL, NULL, 0);
+    return;
+  }
+  size_t b = extent(c, counts, displs) * zt_dtype_size(t);
+  void *h = stage_in(buf, b, 1);
+  mpi_iallgather(c, h, counts, displs, t, r);
+  req_stage(r, h, h, buf, b);
+}
+
+void zt_comm_isend(zt_comm *c, const void *buf, size_t n, zt_dtype t, int peer, int tag,
+                   zt_req *r) {
+  if (!on_dev(buf)) {
+    mpi_isend(c, buf, n, t, peer, tag, r);
+    req_stage(r, NULL, NULL, NULL, 0);
+    return;
+  }
+  void *h = stage_in(buf, n * zt_dtype_size(t), 1);
+  mpi_isend(c, h, n, t, peer, tag, r);
+  req_stage(r, h, NULL, NULL, 0);
+}
+
+void zt_comm_irecv(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r) {
+  if (!on_dev(buf)) {
+    mpi_irecv(c, buf, n, t, peer, tag, r);
+    req_stage(r, NULL, NULL, NULL, 0);
+    return;
+  }
+  size_t b = n * zt_dtype_size(t);
+  void *h = stage_in(buf, b, 0);
+  mpi_irecv(c, h, n, t, peer, tag, r);
+  req_stage(r, NULL, h, buf, b);
 }

@@ -21,8 +21,9 @@
  * times, in an order MPI picks: that is why gradients are reduced in fp32
  * unless a precision policy asks otherwise. A NaN in any input makes a
  * 16-bit sum, max or min NaN. Integer sums wrap (u64 modulo 2^64).
- * Today's backend is MPI over host memory; NCCL over device memory will be
- * a second implementation of these calls. This folder is the only place
+ * Today's backend is MPI over host memory; buffers in a device's memory
+ * (zt_comm_set_device) travel through host copies. NCCL over device
+ * memory will be a second implementation of these calls. This folder is the only place
  * that calls MPI (a CI check enforces it; HDF5's MPI-IO file property is
  * the one exception): every blocking call and every wait goes through
  * here and is watched by the watchdog (watchdog.h), start-up and shut-down
@@ -35,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/tensor.h"
 
@@ -75,6 +77,10 @@ typedef struct zt_req {
   zt_comm_op op;
   uint64_t seq;
   double t0; /* posted at (zt_timer_now), for the trace */
+  /* device buffers staged through host memory (zt_comm_set_device): what
+   * completion copies back to stage_dev and frees */
+  void *stage_send, *stage_recv, *stage_dev;
+  size_t stage_bytes;
 } zt_req;
 
 typedef enum { ZT_SUM = 0, ZT_MAX, ZT_MIN } zt_redop;
@@ -99,6 +105,11 @@ void zt_comm_abort(int code) __attribute__((noreturn));
 int zt_comm_node_size(void);
 int zt_comm_node_rank(void);
 int zt_comm_node_id(void);
+
+/* From now on, buffers in `be`'s device memory (be->is_device) travel
+ * through host copies around MPI; nothing to do where that memory is host
+ * memory (be->host_visible), the only case before this call. */
+void zt_comm_set_device(const zt_backend *be);
 
 /* Wraps a communicator: `own` = the zt_comm frees it in zt_comm_free.
  * Every member must create its groups in the same order. */

@@ -18,6 +18,13 @@ struct zt_event { int unused; };
 
 static int cpu_has_dtype(zt_dtype t) { return t == ZT_F32 || t == ZT_BF16 || t == ZT_F16; }
 
+/* All its memory is host memory: nothing is "device" memory the host
+ * cannot read (host_visible). */
+static int cpu_is_device(const void *p) {
+  (void)p;
+  return 0;
+}
+
 static int cpu_error(char *msg, size_t n) {
   if (n) msg[0] = 0;
   return 0;
@@ -253,6 +260,7 @@ static const zt_backend cpu = {
     .host_visible = 1,
     .has_dtype = cpu_has_dtype,
     .error = cpu_error,
+    .is_device = cpu_is_device,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,

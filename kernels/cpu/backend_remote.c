@@ -167,6 +167,7 @@ const zt_backend *zt_backend_remote(void) {
     remote.name = "cpu-remote";
     remote.host_visible = 0;
     remote.error = remote_error;
+    remote.is_device = is_remote;
     const char *at = getenv("ZT_TEST_DEVICE_FAIL");
     fail_at = at ? atoll(at) : -1;
     remote.alloc = remote_alloc;

@@ -323,6 +323,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   /* test hook: device memory the host cannot address, as on a GPU */
   const char *tb = getenv("ZT_TEST_BACKEND");
   const zt_backend *be = tb && !strcmp(tb, "remote") ? zt_backend_remote() : zt_backend_cpu();
+  zt_comm_set_device(be);
   zt_plan plan;
   zt_grid grid = {0};
   zt_tokens train_tok = {0}, val_tok = {0};

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Nothing outside the device contract touches device memory: one process
-# trains, evaluates, saves, loads and resumes on the cpu-remote backend
-# (ZT_TEST_BACKEND=remote: device pointers the host cannot dereference, as
-# on a GPU; a stray read faults at once) and ends bitwise equal to the CPU
-# backend, for gpt and llama in fp32, bf16 and fp16, with recomputation;
+# Nothing outside the device contract touches device memory: on the
+# cpu-remote backend (ZT_TEST_BACKEND=remote: device pointers the host
+# cannot dereference, as on a GPU; a stray read faults at once) runs end
+# bitwise equal to the CPU backend:
+#  - one process trains, evaluates, saves, loads and resumes, gpt and llama
+#    in fp32, bf16 and fp16, with recomputation;
+#  - several processes, whose collectives and pipeline transfers carry
+#    device buffers through host copies (comm's staging path): ZeRO-3
+#    with a resume, ZeRO-2 with bf16 gradient sums, tp 2 with sequence
+#    parallelism under a zero-bubble pipeline, and interleaved pp with a
+#    tied head over dp with ZeRO-1;
 # and a failure the device reports late stops the run cleanly.
-# Several processes do not run on it yet: their collectives hand device
-# buffers to MPI (the NCCL path of the CUDA issue).
-# Usage: remote_memory.sh ZTRAIN
+# Usage: remote_memory.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1")
+Z=$(realpath "$1"); shift
+MPI=("$@")
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
 zt_scratch
@@ -50,6 +55,48 @@ LUA
       $arch-$prec-remote/m3.jsonl $arch-$prec-remote/resumed.h5 || fail=$((fail + 1))
   done
 done
+# several ranks, bf16 (16-bit weights gathered, 16-bit gradient sums)
+cat > grid.lua <<LUA
+local zt = require "ztrain"
+model = zt.gpt{vocab = 256, seq = 32, dim = 64, layers = 4, heads = 4}
+train = {micro_batch = 2, global_batch = 8, steps = 4, log_every = 0, precision = "bf16",
+         lr = zt.lr.cosine{peak = 3e-3, warmup = 2}, weight_decay = 0.1, clip = 1.0}
+data = {train = "$W/data/demo_train.bin"}
+checkpoint = {dir = "ck", every = 2}
+LUA
+layouts=(
+  "z3|2|parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 8192}}"
+  "z2|2|parallel = {dp = 2, zero = {stage = 2, bucket_bytes = 8192}}; train.grad_reduce_dtype = 'bf16'"
+  "tp_zb|4|parallel = {tp = 2, pp = 2, sequence_parallel = true}; schedule = zt.schedule.zero_bubble{}"
+  "inter|4|parallel = {dp = 2, pp = 2, zero = 1}; schedule = zt.schedule.interleaved{chunks = 2}")
+for l in "${layouts[@]}"; do
+  IFS='|' read -r name np lay <<< "$l"
+  for be in cpu remote; do
+    mkdir -p $name-$be
+    (cd $name-$be && ZT_TEST_BACKEND=$be OMP_NUM_THREADS=1 timeout 300 \
+      "${MPI[@]}" -np $np -x ZT_TEST_BACKEND "$Z" ../grid.lua -e "$lay" --metrics m.jsonl \
+      --save final.h5 > out.txt 2>&1) ||
+      { echo "FAIL: $name-$be: run failed"; tail -3 $name-$be/out.txt; fail=$((fail + 1)); }
+  done
+  printf '%-34s ' "$name remote = cpu:"
+  /usr/bin/python3 "$HERE/ref/bitwise.py" $name-cpu/m.jsonl $name-cpu/final.h5 \
+    $name-remote/m.jsonl $name-remote/final.h5 || fail=$((fail + 1))
+done
+# ZeRO-3 on remote memory resumed from its step-2 checkpoint (each rank's
+# shard loaded through a host copy)
+mkdir -p z3res && (cd z3res && ZT_TEST_BACKEND=remote OMP_NUM_THREADS=1 timeout 300 \
+  "${MPI[@]}" -np 2 -x ZT_TEST_BACKEND "$Z" ../grid.lua \
+  -e "parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 8192}}" \
+  --load ../z3-remote/ck/step_00000002.h5 --metrics m.jsonl --save final.h5 > out.txt 2>&1) ||
+  { echo "FAIL: z3 resume"; tail -3 z3res/out.txt; fail=$((fail + 1)); }
+/usr/bin/python3 -c "
+import json
+rows = [l for l in open('z3-cpu/m.jsonl') if '\"loss\"' in l and json.loads(l)['step'] > 2]
+open('z3-cpu/tail.jsonl', 'w').writelines(rows)"
+printf '%-34s ' "z3 remote resumed at 2 = cpu:"
+/usr/bin/python3 "$HERE/ref/bitwise.py" z3-cpu/tail.jsonl z3-cpu/final.h5 z3res/m.jsonl \
+  z3res/final.h5 || fail=$((fail + 1))
+
 # the test hook reaches the backend: a device pointer dereferenced by the
 # host faults (this would pass on the CPU backend)
 grep -q "cpu-remote" gpt-fp32-remote/out.txt ||
