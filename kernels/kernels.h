@@ -34,6 +34,10 @@
 
 #include "src/core/tensor.h"
 
+#ifdef __cplusplus /* the CUDA backend's .cu files define some of these */
+extern "C" {
+#endif
+
 /* AdamW coefficients, each computed once in double and rounded to float, as
  * torch.optim.AdamW does with its Python scalars: rounding 1 - b1 in float
  * instead would bias every update the same way, step after step. */
@@ -84,8 +88,12 @@ typedef struct zt_backend {
   /* ---- memory ---- */
   void *(*alloc)(zt_mem_kind kind, size_t bytes); /* zeroed; NULL on failure */
   void (*free)(zt_mem_kind kind, void *p);
-  /* bytes from src to dst (any kinds), in order on s */
+  /* bytes from src to dst (any kinds), in order on s. A source in plain
+   * host memory (ZT_MEM_HOST, a stack variable) may be reused as soon as
+   * copy returns; pinned memory, source or destination, belongs to the
+   * stream until it has passed the copy (stream_sync, event_sync). */
   void (*copy)(zt_stream *s, void *dst, const void *src, size_t bytes);
+  /* dst: device or pinned memory */
   void (*memzero)(zt_stream *s, void *dst, size_t bytes);
 
   /* ---- execution ---- */
@@ -224,5 +232,9 @@ int zt_backend_cuda_devices(void);
  * cannot be used. Every call returns the same table: one device per
  * process. */
 const zt_backend *zt_backend_cuda(int device, char *msg, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
