@@ -214,9 +214,11 @@ extern "C" void zt_cuda_gemm(zt_stream *s, zt_dtype t, zt_dtype tc, int ta, int 
   int ok = 1;
   if (m <= 0 || n <= 0) return;
   if (!(t == ZT_F32 || t == ZT_BF16 || t == ZT_F16) || !(tc == t || tc == ZT_F32)) {
+    // by number: zt_dtype_name has C linkage that tensor.h does not declare
+    // to C++
     char msg[96];
-    snprintf(msg, sizeof msg, "dtypes %s x %s -> %s not supported", zt_dtype_name(t),
-             zt_dtype_name(t), zt_dtype_name(tc));
+    snprintf(msg, sizeof msg, "dtypes %d x %d -> %d not supported (zt_dtype values)", (int)t,
+             (int)t, (int)tc);
     zt_cuda_fail("zt_cuda_gemm", msg, __FILE__, __LINE__);
     return;
   }
