@@ -26,7 +26,7 @@
 #include <stdio.h>
 
 #include "kernels/cuda/cuda_impl.h"
-#include "kernels/cuda/kern_util.cuh"
+#include "kernels/cuda/ops_cuda.cuh"
 
 #define ATT_TILE 32                     /* query rows and keys a tile */
 #define ATT_WARPS 8                     /* a block's warps */
@@ -343,7 +343,7 @@ extern "C" void zt_cuda_attn_fwd(zt_stream *s, zt_dtype t, void *out, float *lse
   float scale = 1.f / sqrtf((float)hd);
   dim3 grid((unsigned)(B * H), (unsigned)((T + ATT_TILE - 1) / ATT_TILE));
   size_t bytes = sizeof(float) * ATT_TILE * (3 * (size_t)hd + 1);
-  ZT_DISPATCH(t, E,
+  ZT_DISPATCH_AS(t, "attn", E,
               ATT_LAUNCH(att_fwd_kernel<E>, grid, bytes, zt_cuda_stream(s), (E *)out, lse,
                          (const E *)qkv, T, H, KVH, hd, scale));
 }
@@ -357,7 +357,7 @@ extern "C" void zt_cuda_attn_bwd(zt_stream *s, zt_dtype t, void *dqkv, const voi
   unsigned tiles = (unsigned)((T + ATT_TILE - 1) / ATT_TILE);
   size_t tile4 = sizeof(float) * ATT_TILE * (4 * (size_t)hd + 2); // two [32][hd], two padded
   cudaStream_t cs = zt_cuda_stream(s);
-  ZT_DISPATCH(t, E, {
+  ZT_DISPATCH_AS(t, "attn", E, {
     ATT_LAUNCH(att_bwd_dq_kernel<E>, dim3((unsigned)(B * H), tiles), tile4, cs, (E *)dqkv,
                (const E *)dout, (const E *)qkv, (const E *)out, lse, T, H, KVH, hd, scale);
     ATT_LAUNCH(att_bwd_dkv_kernel<E>, dim3((unsigned)(B * KVH), tiles),

@@ -215,8 +215,20 @@ void zt_cuda_scratch_free(cudaStream_t s, void *p) {
   if (p) ZT_CUDA_CHECK(cudaFreeAsync(p, s));
 }
 
+// Unified addressing: the runtime knows every pointer's memory type.
+static int cuda_is_device(const void *p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError(); // a plain host pointer on old runtimes: not an error to keep
+    return 0;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 static const zt_backend zt_cuda_table = {
     .name = "cuda",
+    .host_visible = 0,
+    .is_device = cuda_is_device,
     .has_dtype = cuda_has_dtype,
     .error = cuda_error,
     .alloc = cuda_alloc,
@@ -232,6 +244,7 @@ static const zt_backend zt_cuda_table = {
     .event_wait = cuda_event_wait,
     .event_sync = cuda_event_sync,
     .gemm = zt_cuda_gemm,
+    .gemm_scratch = zt_cuda_gemm_scratch,
     .embed_fwd = zt_cuda_embed_fwd,
     .embed_bwd = zt_cuda_embed_bwd,
     .layernorm_fwd = zt_cuda_layernorm_fwd,

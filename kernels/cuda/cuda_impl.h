@@ -52,6 +52,9 @@ void zt_cuda_gemm(zt_stream *s, zt_dtype t, zt_dtype tc, int ta, int tb, int m, 
                   float alpha, const void *a, int lda, const void *b, int ldb, float beta, void *c,
                   int ldc);
 void zt_cuda_gemm_allow_tf32(int allow);
+/* What a GEMM keeps (zt_backend.gemm_scratch): the calling stream's
+ * cuBLASLt workspace, made at its first GEMM, the same for every shape. */
+size_t zt_cuda_gemm_scratch(zt_dtype t, zt_dtype tc, int m, int n, int k);
 void zt_cuda_gemm_release(void); /* the handle and workspace, at exit */
 
 /* attn.cu */

@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
-#include "kernels/cuda/kern_util.cuh"
+#include "kernels/cuda/ops_cuda.cuh"
 
 #define GEMM_WORKSPACE ((size_t)32 << 20) /* NVIDIA's advice for Hopper */
 #define GEMM_STREAMS 8                     /* streams with a workspace of their own */
@@ -204,7 +204,7 @@ static void gemm_scale(cudaStream_t s, zt_dtype tc, void *c, int m, int n, int l
                        float beta) {
   size_t total = (size_t)m * n, blocks = (total + 255) / 256;
   unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
-  ZT_DISPATCH(tc, TC, gemm_scale_kernel<TC><<<grid, 256, 0, s>>>((TC *)c, m, n, ldc, beta));
+  ZT_DISPATCH_AS(tc, "gemm", TC, gemm_scale_kernel<TC><<<grid, 256, 0, s>>>((TC *)c, m, n, ldc, beta));
   ZT_CUDA_LAUNCHED("gemm_scale_kernel");
 }
 
@@ -273,4 +273,9 @@ extern "C" void zt_cuda_gemm_release(void) {
     gemm_ws[i].ws = NULL, gemm_ws[i].s = 0;
   }
   pthread_mutex_unlock(&gemm_lock);
+}
+
+extern "C" size_t zt_cuda_gemm_scratch(zt_dtype t, zt_dtype tc, int m, int n, int k) {
+  (void)t, (void)tc, (void)m, (void)n, (void)k;
+  return GEMM_WORKSPACE;
 }

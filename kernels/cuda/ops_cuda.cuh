@@ -1,7 +1,7 @@
-// ops_cuda: what backend_cuda.cu, ops.cu and norms.cu share besides
-// cuda_impl.h: the element types' loads and stores, the dtype dispatch, the
-// reductions the row kernels use, the stream-ordered scratch, and the
-// declarations of the contract ops these files implement (the table in
+// ops_cuda: what the CUDA backend's .cu files share besides cuda_impl.h:
+// the element types' loads and stores, the dtype dispatch, the warp and
+// block reductions, the stream-ordered scratch, and the declarations of
+// the contract ops ops.cu and norms.cu implement (the table in
 // backend_cuda.cu points at them). CUDA C++ only; nothing here is seen by C.
 #ifndef ZT_OPS_CUDA_CUH
 #define ZT_OPS_CUDA_CUH
@@ -25,20 +25,34 @@ template <> __device__ __forceinline__ __nv_bfloat16 zt_st<__nv_bfloat16>(float 
   return __float2bfloat16_rn(v);
 }
 template <> __device__ __forceinline__ __half zt_st<__half>(float v) { return __float2half_rn(v); }
+// the same through pointers
+template <typename T> __device__ __forceinline__ float zt_ld(const T *p) { return zt_ld(*p); }
+template <typename T> __device__ __forceinline__ void zt_st(T *p, float v) { *p = zt_st<T>(v); }
 
-// Runs the statements with T the element type of dtype t; another dtype is
-// a caller's bug, reported through the sticky error (nothing is launched).
-#define ZT_DISPATCH(t, opname, ...)                                                  \
+// Runs the statements with the type name `Type` standing for the element
+// type of dtype t; another dtype is a caller's bug, reported through the
+// sticky error (nothing is launched). ZT_DISPATCH names it T.
+#define ZT_DISPATCH_AS(t, opname, Type, ...)                                         \
   do {                                                                               \
     switch (t) {                                                                     \
-      case ZT_F32: { typedef float T; __VA_ARGS__; } break;                          \
-      case ZT_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                 \
-      case ZT_F16: { typedef __half T; __VA_ARGS__; } break;                         \
+      case ZT_F32: { typedef float Type; __VA_ARGS__; } break;                       \
+      case ZT_BF16: { typedef __nv_bfloat16 Type; __VA_ARGS__; } break;              \
+      case ZT_F16: { typedef __half Type; __VA_ARGS__; } break;                      \
       default:                                                                       \
         zt_cuda_fail(opname, "dtype not implemented by the CUDA backend (f32, bf16, " \
                      "f16 are)", __FILE__, __LINE__);                                \
     }                                                                                \
   } while (0)
+#define ZT_DISPATCH(t, opname, ...) ZT_DISPATCH_AS(t, opname, T, __VA_ARGS__)
+
+// 1 when the ops take t; else 0 with the failure kept (an op that checks
+// its shapes first refuses a dtype before them).
+static inline int zt_cuda_dtype_ok(zt_dtype t, const char *op) {
+  if (t == ZT_F32 || t == ZT_BF16 || t == ZT_F16) return 1;
+  zt_cuda_fail(op, "dtype not implemented by the CUDA backend (f32, bf16, f16 are)", __FILE__,
+               __LINE__);
+  return 0;
+}
 
 // Blocks for a grid-stride loop over n items, threads per block each: enough
 // to fill an H200 several times over, never more than the items need (the
@@ -49,9 +63,16 @@ static inline unsigned zt_cuda_blocks(size_t n, unsigned threads) {
 }
 
 // ---- reductions ----
+#define ZT_FULL_MASK 0xffffffffu
+
 // The sum over the warp, in every lane (butterfly: all 32 lanes active).
 template <typename V> __device__ __forceinline__ V zt_warp_sum(V v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(ZT_FULL_MASK, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float zt_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(ZT_FULL_MASK, v, o));
   return v;
 }
 

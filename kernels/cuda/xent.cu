@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_impl.h"
-#include "kernels/cuda/kern_util.cuh"
+#include "kernels/cuda/ops_cuda.cuh"
 
 #define XENT_THREADS 512
 #define XENT_WARPS (XENT_THREADS / 32)
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
 extern "C" void zt_cuda_xent_fwd_bwd(zt_stream *s, zt_dtype t, void *logits, float *loss,
                                      const int32_t *targets, int N, int V, float dscale) {
   if (N <= 0 || V <= 0 || !zt_cuda_dtype_ok(t, "xent_fwd_bwd")) return;
-  ZT_DISPATCH(t, T,
+  ZT_DISPATCH_AS(t, "xent", T,
               xent_fused_kernel<T><<<N, XENT_THREADS, 0, zt_cuda_stream(s)>>>(
                   (T *)logits, loss, targets, V, dscale));
   ZT_CUDA_LAUNCHED("xent_fused_kernel");
@@ -146,7 +146,7 @@ extern "C" void zt_cuda_xent_fwd_bwd(zt_stream *s, zt_dtype t, void *logits, flo
 extern "C" void zt_cuda_xent_max(zt_stream *s, zt_dtype t, float *stats, const void *logits,
                                  int N, int V) {
   if (N <= 0 || V <= 0 || !zt_cuda_dtype_ok(t, "xent_max")) return;
-  ZT_DISPATCH(t, T,
+  ZT_DISPATCH_AS(t, "xent", T,
               xent_max_kernel<T><<<N, XENT_THREADS, 0, zt_cuda_stream(s)>>>(
                   stats, (const T *)logits, V));
   ZT_CUDA_LAUNCHED("xent_max_kernel");
@@ -155,7 +155,7 @@ extern "C" void zt_cuda_xent_max(zt_stream *s, zt_dtype t, float *stats, const v
 extern "C" void zt_cuda_xent_sumexp(zt_stream *s, zt_dtype t, float *stats, const void *logits,
                                     const int32_t *targets, int N, int V, int v0) {
   if (N <= 0 || V <= 0 || !zt_cuda_dtype_ok(t, "xent_sumexp")) return;
-  ZT_DISPATCH(t, T,
+  ZT_DISPATCH_AS(t, "xent", T,
               xent_sumexp_kernel<T><<<N, XENT_THREADS, 0, zt_cuda_stream(s)>>>(
                   stats, (const T *)logits, targets, N, V, v0));
   ZT_CUDA_LAUNCHED("xent_sumexp_kernel");
@@ -165,7 +165,7 @@ extern "C" void zt_cuda_xent_finish(zt_stream *s, zt_dtype t, void *logits, floa
                                     const float *stats, const int32_t *targets, int N, int V,
                                     int v0, float dscale) {
   if (N <= 0 || V <= 0 || !zt_cuda_dtype_ok(t, "xent_finish")) return;
-  ZT_DISPATCH(t, T,
+  ZT_DISPATCH_AS(t, "xent", T,
               xent_finish_kernel<T><<<N, XENT_THREADS, 0, zt_cuda_stream(s)>>>(
                   (T *)logits, loss, stats, targets, N, V, v0, dscale));
   ZT_CUDA_LAUNCHED("xent_finish_kernel");
