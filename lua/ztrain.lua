@@ -276,6 +276,7 @@ local specs = {
     order = { oneof("tp-dp-pp"), default = "tp-dp-pp" },
     timeout = { real(0, true), default = 1800.0 },
     sequence_parallel = { boolean, default = false },
+    device = { oneof("auto", "cpu", "cuda"), default = "auto" },
     stages = { stages_value },
   },
   train = {

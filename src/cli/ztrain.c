@@ -319,11 +319,42 @@ static int write_trace(const char *path, zt_comm *world, double origin, zt_err *
   return rc;
 }
 
+/* The backend this rank computes on (parallel.device). A rank's GPU is its
+ * index among its node's ranks (SLURM_LOCALID where Slurm says it): one
+ * rank per GPU, so a node with more ranks than GPUs is refused. "auto"
+ * takes the GPU where every rank of the node has one, else the CPU. */
+static int pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
+  const char *tb = getenv("ZT_TEST_BACKEND"); /* test hook: device memory the host */
+  if (tb && !strcmp(tb, "remote")) {          /* cannot address, as on a GPU */
+    *be = zt_backend_remote();
+    return ZT_OK;
+  }
+  *be = zt_backend_cpu();
+  if (want == ZT_DEVICE_CPU) return ZT_OK;
+  int gpus = zt_backend_cuda_devices(), per_node = zt_comm_node_size();
+  const char *slurm = getenv("SLURM_LOCALID");
+  int local = slurm && *slurm ? atoi(slurm) : zt_comm_node_rank();
+  if (want == ZT_DEVICE_AUTO && (gpus == 0 || per_node > gpus)) return ZT_OK;
+  char why[256] = "";
+  if (gpus == 0) {
+    if (zt_backend_cuda(0, why, sizeof why) || !why[0]) snprintf(why, sizeof why, "none found");
+    return zt_err_set(e, ZT_EINPUT, "parallel.device = \"cuda\": no usable CUDA device on this "
+                      "node (%s); set parallel.device = \"cpu\" or \"auto\"", why);
+  }
+  if (per_node > gpus || local < 0 || local >= gpus)
+    return zt_err_set(e, ZT_EINPUT, "parallel.device = \"cuda\": %d ranks on this node but %d "
+                      "GPU%s: one rank per GPU; start %d ranks per node (mpirun --map-by "
+                      "ppr:%d:node, srun --ntasks-per-node=%d) or set parallel.device = \"cpu\"",
+                      per_node, gpus, gpus == 1 ? "" : "s", gpus, gpus, gpus);
+  const zt_backend *cuda = zt_backend_cuda(local, why, sizeof why);
+  if (!cuda)
+    return zt_err_set(e, ZT_ERUNTIME, "GPU %d of this node cannot be used: %s", local, why);
+  *be = cuda;
+  return ZT_OK;
+}
+
 static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
-  /* test hook: device memory the host cannot address, as on a GPU */
-  const char *tb = getenv("ZT_TEST_BACKEND");
-  const zt_backend *be = tb && !strcmp(tb, "remote") ? zt_backend_remote() : zt_backend_cpu();
-  zt_comm_set_device(be);
+  const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
   zt_tokens train_tok = {0}, val_tok = {0};
@@ -339,6 +370,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
   /* this rank knows the run's timeout now: the agreement below is watched by it */
   if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
+  if (!rc) rc = pick_backend(plan.parallel.device, &be, e);
+  if (!rc) zt_comm_set_device(be);
   if (!rc && !be->has_dtype(plan.train.precision))
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
                     zt_dtype_name(plan.train.precision));

@@ -390,6 +390,10 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
   p->pp = (int)integer(L, "pp");
   p->timeout = num(L, "timeout");
   p->sequence_parallel = boolean(L, "sequence_parallel");
+  char *device = dupstr(L, "device");
+  p->device = !strcmp(device, "cpu") ? ZT_DEVICE_CPU : !strcmp(device, "cuda") ? ZT_DEVICE_CUDA
+                                                                                : ZT_DEVICE_AUTO;
+  free(device);
   lua_getfield(L, -1, "zero");
   p->zero.stage = (int)integer(L, "stage");
   p->zero.bucket_bytes = (int64_t)integer(L, "bucket_bytes");
@@ -541,6 +545,8 @@ static char *plan_json(const zt_plan *p) {
       "zero", p->parallel.zero.stage, "sequence_parallel", p->parallel.sequence_parallel);
   /* the pipeline as it ran: blocks of each virtual stage, the schedule */
   json_t *stages = json_array(), *par = json_object_get(root, "parallel");
+  static const char *const devices[] = {"auto", "cpu", "cuda"};
+  json_object_set_new(par, "device", json_string(devices[p->parallel.device]));
   for (int v = 0; v < p->pipeline.n_virtual; v++)
     json_array_append_new(stages, json_pack("[i, i]", p->pipeline.first[v], p->pipeline.last[v]));
   json_object_set_new(par, "stages", stages);

@@ -12,8 +12,12 @@
 #include "parallel/zero.h"
 #include "src/train/trainer.h"
 
+/* Where a rank computes: auto = on its node's GPU where one is usable. */
+typedef enum { ZT_DEVICE_AUTO = 0, ZT_DEVICE_CPU, ZT_DEVICE_CUDA } zt_device_kind;
+
 typedef struct zt_parallel_cfg {
   int dp, tp, pp;
+  zt_device_kind device;
   zt_zero_cfg zero;
   double timeout; /* watchdog, seconds */
   int sequence_parallel; /* copied to model.sequence_parallel */

@@ -121,6 +121,12 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
     "$(base "train.precision = 'fp8'")"
   expect 2 'train.grad_reduce_dtype must be one of "fp32", "bf16", "fp16", got "int8"' "$np" \
     "$(base "train.grad_reduce_dtype = 'int8'")"
+  expect 2 'parallel.device must be one of "auto", "cpu", "cuda", got "gpu"' "$np" \
+    "$(base "parallel.device = 'gpu'")"
+  if ! nvidia-smi -L > /dev/null 2>&1; then # a machine without GPUs
+    expect 2 'parallel.device = "cuda": no usable CUDA device on this node' "$np" \
+      "$(base "parallel.device = 'cuda'")"
+  fi
   expect 2 "(-e):1:" "$np" "$(base "")" -e "train.steps = = 3"
   expect 2 "--steps needs a non-negative integer, got 'x'" "$np" "$(base "")" --steps x
 }
