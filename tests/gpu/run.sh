@@ -42,7 +42,7 @@ if [ $build_rc != 0 ]; then tail -40 "$REPORT/build.log"; fi
 test_rc=0
 passed=0 failed=0 skipped=0 total=0
 if [ $build_rc = 0 ]; then
-  timeout 240 ctest --test-dir "$BUILD" -R '^gpu_' --output-on-failure --timeout 180 \
+  timeout 330 ctest --test-dir "$BUILD" -R '^gpu_' --output-on-failure --timeout 300 \
     >"$REPORT/ctest.log" 2>&1 || test_rc=$?
   cat "$REPORT/ctest.log"
   total=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#' "$REPORT/ctest.log")
@@ -66,7 +66,7 @@ if [ $build_rc = 0 ]; then
       *) [ -x "$b" ] || continue; cmd=("$b") ;;
     esac
     rc=0
-    timeout 120 "${cmd[@]}" >"$REPORT/$name.log" 2>&1 || rc=$?
+    timeout 220 "${cmd[@]}" >"$REPORT/$name.log" 2>&1 || rc=$?
     [ $rc = 0 ] || bench_failed=$((bench_failed + 1))
     say "bench $name: rc $rc (log $name.log)"
     tail -15 "$REPORT/$name.log"
