@@ -301,10 +301,21 @@ int zt_model_init_weights(const zt_model *m, uint64_t seed, float *dst, int64_t 
   for (int i = 0; all.r && i < np; i++)
     if (first_run[i + 1] > first_run[i]) zt_shard_runs(&m->params[i].t, &all, keep_run);
 
+  /* Threads fill host memory: dst itself where the backend's device memory
+   * is host memory, else a host copy of the range that then goes over a
+   * tensor at a time (worker threads make no backend calls: on a GPU they
+   * would need its device current, and a copy per tensor beats a
+   * synchronised copy per 16k elements). */
   int64_t chunks = first_chunk[np];
+  int direct = m->be->host_visible;
+  float *host = direct ? dst : malloc((size_t)(hi > lo ? hi - lo : 1) * sizeof *host);
+  if (!host) {
+    free(all.r), free(keys), free(first_run), free(first_chunk);
+    return zt_err_set(e, ZT_ERUNTIME, "out of host memory initialising %lld weights",
+                      (long long)(hi - lo));
+  }
 #pragma omp parallel
   {
-    float buf[INIT_CHUNK];
     int i = 0;
     /* dynamic: a thread that another process slows down takes fewer */
 #pragma omp for schedule(dynamic, 8)
@@ -317,10 +328,20 @@ int zt_model_init_weights(const zt_model *m, uint64_t seed, float *dst, int64_t 
       int64_t a = pa + (c - first_chunk[i]) * INIT_CHUNK;
       int64_t b = a + INIT_CHUNK < pb ? a + INIT_CHUNK : pb;
       init_chunk(p, keys[i], all.r ? all.r + first_run[i] : NULL, first_run[i + 1] - first_run[i],
-                 a, b, buf);
-      m->be->copy(m->stream, dst + (p->t.offset + a - lo), buf, (size_t)(b - a) * sizeof *buf);
-      m->be->stream_sync(m->stream); /* buf is filled again next */
+                 a, b, host + (p->t.offset + a - lo));
     }
+  }
+  if (!direct) {
+    /* what no tensor covers (another stage's) stays as dst has it */
+    for (int i = 0; i < np; i++) {
+      int64_t pa, pb;
+      if (clip_piece(&m->params[i], lo, hi, &pa, &pb) == 0) continue;
+      const zt_param *p = &m->params[i];
+      m->be->copy(m->stream, dst + (p->t.offset + pa - lo), host + (p->t.offset + pa - lo),
+                  (size_t)(pb - pa) * sizeof *host);
+    }
+    m->be->stream_sync(m->stream); /* host is freed next */
+    free(host);
   }
   free(all.r);
   free(keys);
