@@ -296,6 +296,13 @@ static int describe(hid_t g, const char *gpath, const char *file, zt_ckpt_tensor
   hid_t ds = H5Dopen2(g, t->name, H5P_DEFAULT);
   if (ds < 0)
     return zt_err_set(e, ZT_EINPUT, "%s: %s/%s is not a dataset", file, gpath, t->name);
+  H5O_info_t oi;
+  char why[160];
+  if (H5Oget_info2(ds, &oi, H5O_INFO_BASIC) >= 0 &&
+      zt_h5_check_header(file, (uint64_t)oi.addr, why, sizeof why)) {
+    H5Dclose(ds);
+    return zt_err_set(e, ZT_EINPUT, "%s: tensor %s/%s: %s", file, gpath, t->name, why);
+  }
   hid_t type = H5Dget_type(ds), space = H5Dget_space(ds), dcpl = H5Dget_create_plist(ds);
   int rc = ZT_OK, nd = -1, esize = 0, dtype = -1;
   hsize_t dims[ZT_MAX_DIMS], cdims[ZT_MAX_DIMS];
@@ -504,7 +511,11 @@ int zt_ckpt_file_open(zt_ckpt_file *cf, const char *path, zt_err *e) {
     return zt_err_set(e, ZT_EINPUT, "checkpoint %s cannot be opened: %s (truncated or damaged)",
                       path, h5_reason(why));
   }
-  int rc = read_header(cf, e);
+  char why[160];
+  int rc = zt_h5_check_header(path, UINT64_MAX, why, sizeof why)
+               ? zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root group: %s", path, why)
+               : ZT_OK;
+  if (!rc) rc = read_header(cf, e);
   if (!rc) rc = read_str_attr(cf->h5, "plan", path, &cf->plan, e);
   if (!rc) rc = read_str_attr(cf->h5, "topology", path, &cf->topology, e);
   if (!rc) rc = read_str_attr(cf->h5, "state", path, &cf->state, e);

@@ -255,9 +255,12 @@ static int load_impl(const char *path, const zt_ckpt_state *s, int *kinds, zt_er
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
   H5Pclose(fapl);
   long long step = 0, version = 0;
+  char why[160];
   rc = f < 0 ? zt_err_set(e, ZT_EINPUT, "checkpoint %s cannot be opened (damaged or "
                           "truncated?)", path)
-             : read_header(f, path, &step, &version, e);
+       : zt_h5_check_header(path, UINT64_MAX, why, sizeof why)
+           ? zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root group: %s", path, why)
+           : read_header(f, path, &step, &version, e);
   /* the data position is step * global_batch: a step past that is damage */
   if (!rc && s->global_batch > 0 && step > INT64_MAX / s->global_batch)
     rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: step %lld is out of range (damaged?)", path,
@@ -301,6 +304,13 @@ static int load_impl(const char *path, const zt_ckpt_state *s, int *kinds, zt_er
     if (ds < 0) {
       rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: reading tensor %s failed (file damaged or "
                       "truncated?)", path, name);
+      break;
+    }
+    H5O_info_t oi;
+    if (H5Oget_info2(ds, &oi, H5O_INFO_BASIC) >= 0 &&
+        zt_h5_check_header(path, (uint64_t)oi.addr, why, sizeof why)) {
+      H5Dclose(ds);
+      rc = zt_err_set(e, ZT_EINPUT, "checkpoint %s: tensor %s: %s", path, name, why);
       break;
     }
     if (zt_h5_read_scalar_attr(ds, ZT_CKPT_ATTR_CHECKSUM, H5T_NATIVE_UINT64, &want[idx])) want[idx] = 0;

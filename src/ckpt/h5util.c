@@ -424,3 +424,137 @@ long long zt_fs_free_bytes(const char *path) {
   if (statvfs(path, &v)) return -1;
   return (long long)v.f_bavail * (long long)v.f_frsize;
 }
+
+/* ---- version-1 object headers, checked before HDF5 decodes them ---------- */
+
+typedef struct {
+  int fd;
+  long long size;     /* of the file */
+  int so, sl;         /* sizes of offsets and lengths (superblock) */
+  char *why;
+  size_t n;
+} hdr_check;
+
+static uint64_t le(const unsigned char *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+static uint64_t pad8(uint64_t x) { return (x + 7) & ~(uint64_t)7; }
+
+static int bad_hdr(hdr_check *c, uint64_t at, const char *what) {
+  snprintf(c->why, c->n, "the object header at byte %llu is damaged (%s)", (unsigned long long)at,
+           what);
+  return -1;
+}
+
+/* Elements of a dataspace message (version 1 or 2), or -1 when damaged. */
+static int64_t space_points(const unsigned char *d, uint64_t len, int sl) {
+  if (len < 4) return -1;
+  int version = d[0], rank = d[1];
+  uint64_t dims = version == 1 ? 8 : 4;
+  if ((version != 1 && version != 2) || rank > 32 || dims + (uint64_t)rank * sl > len) return -1;
+  if (version == 2 && d[3] == 2) return 0; /* null dataspace */
+  int64_t points = 1;
+  for (int i = 0; i < rank; i++) {
+    uint64_t x = le(d + dims + (uint64_t)i * sl, sl);
+    if (x && (uint64_t)points > (uint64_t)INT64_MAX / x) return -1;
+    points *= (int64_t)x;
+  }
+  return points;
+}
+
+/* An attribute message: its name, datatype, dataspace and value within len. */
+static int attr_ok(const unsigned char *d, uint64_t len, int sl) {
+  if (len < 8) return 0;
+  int version = d[0];
+  uint64_t name = le(d + 2, 2), type = le(d + 4, 2), space = le(d + 6, 2), head = 8;
+  if (version == 3) head = 9;
+  else if (version != 1 && version != 2) return 1; /* HDF5 refuses an unknown version itself */
+  if (version == 1) name = pad8(name), type = pad8(type), space = pad8(space);
+  if (head + name + type + space > len || type < 8) return 0;
+  /* a shared datatype or dataspace is a reference here, and a variable-
+   * length value lives in a heap: their sizes are HDF5's to check */
+  const unsigned char *t = d + head + name, *s = t + type;
+  if ((version > 1 && (d[1] & 3)) || (t[0] & 0x0f) == 9) return 1;
+  int64_t points = space_points(s, space, sl);
+  uint64_t elem = le(t + 4, 4), value = len - (head + name + type + space);
+  return points >= 0 && (elem == 0 || (uint64_t)points <= value / elem);
+}
+
+/* The messages of one chunk of a version-1 header; continuation chunks
+ * are appended to the queue (at most ZT_HDR_CHUNKS in all). */
+enum { ZT_HDR_CHUNKS = 64 };
+static int check_chunk(hdr_check *c, uint64_t at, uint64_t len, uint64_t *queue, int *nq) {
+  if (len > (1u << 20) || at > (uint64_t)c->size || len > (uint64_t)c->size - at)
+    return bad_hdr(c, at, "a chunk past the end of the file");
+  unsigned char *buf = malloc(len ? len : 1);
+  if (!buf) return bad_hdr(c, at, "out of memory reading it");
+  int rc = 0;
+  if (zt_fs_pread(c->fd, buf, len, (long long)at)) rc = bad_hdr(c, at, "unreadable");
+  for (uint64_t o = 0; !rc && o + 8 <= len;) {
+    uint64_t type = le(buf + o, 2), size = le(buf + o + 2, 2);
+    if (o + 8 + size > len) {
+      rc = bad_hdr(c, at + o, "a message longer than its chunk");
+      break;
+    }
+    const unsigned char *d = buf + o + 8;
+    if (type == 0x000C && !attr_ok(d, size, c->sl))
+      rc = bad_hdr(c, at + o, "an attribute message's lengths run past the message");
+    if (type == 0x0010) { /* continuation: offset, length */
+      if (size < (uint64_t)(c->so + c->sl) || *nq >= 2 * ZT_HDR_CHUNKS)
+        rc = bad_hdr(c, at + o, "a damaged continuation message");
+      else {
+        queue[(*nq)++] = le(d, c->so);
+        queue[(*nq)++] = le(d + c->so, c->sl);
+      }
+    }
+    o += 8 + size;
+  }
+  free(buf);
+  return rc;
+}
+
+int zt_h5_check_header(const char *path, uint64_t addr, char *why, size_t n) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 0; /* HDF5 says why it cannot read it */
+  unsigned char sb[64];
+  long long size = lseek(fd, 0, SEEK_END);
+  hdr_check c = {fd, size, 0, 0, why, n};
+  int rc = 0;
+  /* the superblock at 0 (versions 0-1 carry no checksums; 2-3 do, and
+   * their object headers are version 2, which HDF5 verifies) */
+  if (size < 64 || zt_fs_pread(fd, sb, sizeof sb, 0) || memcmp(sb, "\x89HDF\r\n\x1a\n", 8) ||
+      sb[8] > 1) {
+    close(fd);
+    return 0;
+  }
+  c.so = sb[13];
+  c.sl = sb[14];
+  if ((c.so != 4 && c.so != 8) || (c.sl != 4 && c.sl != 8)) {
+    close(fd);
+    return 0;
+  }
+  if (addr == UINT64_MAX) { /* the root group's, from its symbol table entry */
+    int at = (sb[8] == 0 ? 24 : 28) + 4 * c.so + c.so;
+    unsigned char e[8];
+    if (zt_fs_pread(fd, e, (size_t)c.so, at)) {
+      close(fd);
+      return 0;
+    }
+    addr = le(e, c.so);
+  }
+  unsigned char pre[16];
+  if (zt_fs_pread(fd, pre, sizeof pre, (long long)addr) || pre[0] != 1) {
+    close(fd); /* not a version-1 header: checksummed, or HDF5 refuses it */
+    return 0;
+  }
+  uint64_t queue[2 * ZT_HDR_CHUNKS];
+  int nq = 2;
+  queue[0] = addr + 16;
+  queue[1] = le(pre + 8, 4);
+  for (int q = 0; !rc && q < nq; q += 2) rc = check_chunk(&c, queue[q], queue[q + 1], queue, &nq);
+  close(fd);
+  return rc;
+}

@@ -7,6 +7,7 @@
 
 #include <hdf5.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "src/core/err.h"
 
@@ -21,6 +22,16 @@ int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *va
  * at most `max` bytes: malloc'ed into *out. 0 on success; -1 when absent
  * or of another kind. */
 int zt_h5_read_str_attr(hid_t obj, const char *name, size_t max, char **out);
+
+/* HDF5 1.10 decodes an attribute message of a version-1 object header
+ * (files without metadata checksums, as ztrain wrote before) without
+ * checking its lengths against the message: a damaged length reads past
+ * it, far enough to crash. zt_h5_check_header reads the object header at
+ * file address addr (UINT64_MAX: the root group's) itself first: 0 when
+ * its attribute messages fit, or it is not version 1 (checksummed: HDF5
+ * verifies it) or cannot be read here (HDF5 then says why); -1 with what
+ * is wrong in why[n]. */
+int zt_h5_check_header(const char *path, uint64_t addr, char *why, size_t n);
 
 /* What HDF5's error stack says went wrong, most telling part first (an
  * operating-system or MPI-IO reason such as "No space left on device"
