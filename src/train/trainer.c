@@ -200,7 +200,6 @@ static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, f
     zt_zero_sync_params(t->zero);
     t->params_stale = 0;
   }
-
   if (t->piped) {
     return zt_pipe_run(&t->pipe, !backward, dscale, fill, before_action, &b);
   }
