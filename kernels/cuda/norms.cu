@@ -181,11 +181,7 @@ __global__ void colsum_finish_k(float *dw, float *db, const float *pw, const flo
 static void zt_colsums(cudaStream_t st, zt_dtype t, float *dw, float *db, const void *dout,
                        const void *x, const float *mean, const float *rstd, int N, int C,
                        const char *name) {
-  if (t != ZT_F32 && t != ZT_BF16 && t != ZT_F16) {  // else the finish would add garbage
-    zt_cuda_fail(name, "dtype not implemented by the CUDA backend (f32, bf16, f16 are)",
-                 __FILE__, __LINE__);
-    return;
-  }
+  if (!zt_cuda_dtype_ok(t, name)) return;  // else the finish would add garbage
   int rows = zt_chunk_rows(N), chunks = (N + rows - 1) / rows;
   size_t per = (size_t)chunks * C;
   float *part = (float *)zt_cuda_scratch(st, per * ((x ? 1 : 0) + (db ? 1 : 0)) * sizeof(float),

@@ -283,7 +283,7 @@ static void zt_convert_to(cudaStream_t st, TD *dst, zt_dtype ts, const void *src
       break;
     case ZT_F16: convert_k<TD, __half><<<blocks, ZT_THREADS, 0, st>>>(dst, (const __half *)src, n); break;
     default:
-      zt_cuda_fail("convert", "source dtype not implemented (f32, bf16, f16 are)", __FILE__,
+      zt_cuda_fail("convert", "the source dtype is none of f32, bf16, f16", __FILE__,
                    __LINE__);
       return;
   }

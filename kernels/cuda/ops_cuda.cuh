@@ -39,8 +39,8 @@ template <typename T> __device__ __forceinline__ void zt_st(T *p, float v) { *p 
       case ZT_BF16: { typedef __nv_bfloat16 Type; __VA_ARGS__; } break;              \
       case ZT_F16: { typedef __half Type; __VA_ARGS__; } break;                      \
       default:                                                                       \
-        zt_cuda_fail(opname, "dtype not implemented by the CUDA backend (f32, bf16, " \
-                     "f16 are)", __FILE__, __LINE__);                                \
+        zt_cuda_fail(opname, "the CUDA backend computes in f32, bf16 and f16 only; " \
+                     "another dtype was asked", __FILE__, __LINE__);                 \
     }                                                                                \
   } while (0)
 #define ZT_DISPATCH(t, opname, ...) ZT_DISPATCH_AS(t, opname, T, __VA_ARGS__)
@@ -49,8 +49,8 @@ template <typename T> __device__ __forceinline__ void zt_st(T *p, float v) { *p 
 // its shapes first refuses a dtype before them).
 static inline int zt_cuda_dtype_ok(zt_dtype t, const char *op) {
   if (t == ZT_F32 || t == ZT_BF16 || t == ZT_F16) return 1;
-  zt_cuda_fail(op, "dtype not implemented by the CUDA backend (f32, bf16, f16 are)", __FILE__,
-               __LINE__);
+  zt_cuda_fail(op, "the CUDA backend computes in f32, bf16 and f16 only; another dtype was asked",
+               __FILE__, __LINE__);
   return 0;
 }
 
