@@ -219,13 +219,26 @@ static int schedule_main(int argc, char **argv) {
   return rc;
 }
 
-/* Threads: OMP_NUM_THREADS when set, else this node's cores shared evenly
- * among the ranks on it. */
-static void set_threads(void) {
-  if (getenv("OMP_NUM_THREADS")) return;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int n = (int)(cores / zt_comm_node_size());
-  omp_set_num_threads(n > 0 ? n : 1);
+/* Threads: OMP_NUM_THREADS when set, else the cores of this rank's CPU
+ * affinity shared evenly among the node's ranks that run on them (all of
+ * the node's under mpirun --bind-to none; none under --bind-to core).
+ * *why says which, for the banner. */
+static void set_threads(char *why, size_t n) {
+  const char *env = getenv("OMP_NUM_THREADS");
+  if (env && *env) {
+    snprintf(why, n, "OMP_NUM_THREADS=%.32s", env);
+    return;
+  }
+  int cores = zt_cpu_cores(), sharing = zt_comm_node_sharing(), nodes = zt_comm_node_size();
+  omp_set_num_threads(zt_report_rank_cores());
+  char ranks[96];
+  if (sharing == nodes)
+    snprintf(ranks, sizeof ranks, "%d rank%s on this node", nodes, nodes > 1 ? "s" : "");
+  else
+    snprintf(ranks, sizeof ranks, "%d rank%s on them; %d on this node, the others bound to other "
+             "cores", sharing, sharing > 1 ? "s" : "", nodes);
+  snprintf(why, n, "%d core%s in affinity / %s%s", cores, cores > 1 ? "s" : "", ranks,
+           cores < sharing ? ": more ranks than cores" : "");
 }
 
 /* SIGTERM / SIGUSR1 / SIGUSR2: finish the step, checkpoint, stop. */
@@ -261,7 +274,7 @@ static double logical_params(const zt_model *m) {
 }
 
 static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *tr,
-                         const zt_report *rep) {
+                         const zt_report *rep, const char *threads_why) {
   const zt_model_cfg *c = &p->model;
   int64_t states, buffers;
   zt_trainer_bytes(tr, &states, &buffers);
@@ -279,7 +292,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
     snprintf(scratch, sizeof scratch, " (+ GEMM scratch %.1f MiB)", rep->scratch_bytes / 1048576.0);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
-         "backend %s, %d threads/rank%s\n"
+         "backend %s, threads: %d per rank (%s)%s\n"
          "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s%s | "
          "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
@@ -288,7 +301,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
-         m->be->name, omp_get_max_threads(), prec, states / 1048576.0, buffers / 1048576.0,
+         m->be->name, omp_get_max_threads(), threads_why, prec, states / 1048576.0, buffers / 1048576.0,
          m->act_bytes / 1048576.0, recompute, scratch, (long long)tr->t,
          (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
@@ -353,7 +366,7 @@ static int pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
   return ZT_OK;
 }
 
-static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
+static int train_main(const cli_args *a, zt_comm *world, const char *threads_why, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
@@ -419,11 +432,15 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   }
   if (!rc) {
     zt_peak pk;
-    zt_report_peak(be, rank0 && plan.train.log_every > 0, &pk);
-    double peak = plan.train.peak_gflops > 0 ? plan.train.peak_gflops : zt_report_peak_gflops(&pk);
+    /* a declared peak needs no probe */
+    int declared = plan.train.peak_gflops > 0;
+    zt_report_peak(be, rank0 && plan.train.log_every > 0 && !declared, &pk);
+    double peak = declared ? plan.train.peak_gflops : zt_report_peak_gflops(&pk);
+    /* MFU per rank against a rank's peak: a step's tokens are the global
+     * batch's, which dp ranks share and every tp and pp rank works on a
+     * part of */
     rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, tr.t, plan.train.steps,
-                        zt_model_flops_per_token(&model) / (plan.parallel.tp * plan.parallel.pp),
-                        peak, e);
+                        zt_model_flops_per_token(&model) / world->size, peak, e);
     rep.gemm = pk;
     rep.scratch_bytes = zt_model_gemm_scratch(&model);
   }
@@ -436,7 +453,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     rc = zt_trace_start(world->rank, label, e);
   }
   rc = agree(world, rc, e);
-  if (!rc && rank0) print_banner(&plan, &model, &tr, &rep);
+  if (!rc && rank0) print_banner(&plan, &model, &tr, &rep, threads_why);
   while (!rc && tr.t < plan.train.steps) {
     zt_step_stats st;
     char where[32];
@@ -521,13 +538,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ztrain: %s: %s\n", wrc == -2 ? "error" : "warning: no hang watchdog", why);
   if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0; /* every rank saw it; nothing more to say */
   if (!rc) {
-    set_threads();
+    char threads_why[160];
+    set_threads(threads_why, sizeof threads_why);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGUSR2, &sa, NULL);
-    rc = train_main(&a, &world, &e);
+    rc = train_main(&a, &world, threads_why, &e);
   }
   if (rc && world.rank == 0 && e.msg[0]) fprintf(stderr, "ztrain: error: %s\n", e.msg);
   for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);
