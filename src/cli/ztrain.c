@@ -164,6 +164,21 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   return ZT_OK;
 }
 
+/* "wrote N tokens to PATH (vocab V)", from the header of a file tokenize
+ * wrote: what a person checks before training on it. */
+static void say_tokens(const char *path) {
+  unsigned char h[ZT_TOKENS_HEADER];
+  FILE *f = fopen(path, "rb");
+  if (!f) return;
+  size_t got = fread(h, 1, sizeof h, f);
+  fclose(f);
+  if (got != sizeof h || memcmp(h, ZT_TOKENS_MAGIC, 8)) return;
+  unsigned long long count = 0;
+  for (int i = 7; i >= 0; i--) count = count << 8 | h[16 + i];
+  unsigned vocab = h[24] | h[25] << 8 | h[26] << 16 | (unsigned)h[27] << 24;
+  printf("wrote %llu tokens to %s (vocab %u)\n", count, path, vocab);
+}
+
 static int tokenize_main(int argc, char **argv) {
   const char *val = NULL;
   double frac = 0.1;
@@ -184,6 +199,8 @@ static int tokenize_main(int argc, char **argv) {
   }
   int rc = zt_tokenize_text(pos[0], pos[1], val, frac, &e);
   if (rc) fprintf(stderr, "ztrain tokenize: %s\n", e.msg);
+  if (!rc) say_tokens(pos[1]);
+  if (!rc && val) say_tokens(val);
   return rc;
 }
 
@@ -254,15 +271,21 @@ static int any_signal(zt_comm *world) {
   return (int)sig;
 }
 
+/* "checkpoint PATH written: SIZE in TIME" (`at`: what follows, or ""). */
+static void say_ckpt(const char *path, const char *verb, double dt, const char *at) {
+  struct stat st;
+  if (stat(path, &st)) return;
+  printf("checkpoint %s %s: %.1f MB in %.2f s (%.2f GB/s)%s\n", path, verb, st.st_size / 1e6, dt,
+         dt > 0 ? st.st_size / dt / 1e9 : 0.0, at);
+  fflush(stdout);
+}
+
 /* Saves or loads `path`, and on rank 0 says how large and how fast. */
 static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_err *e) {
   double t0 = zt_timer_now();
   int rc = save ? zt_ckpt_save(path, cs, e) : zt_ckpt_load(path, cs, e);
-  double dt = zt_timer_now() - t0;
-  struct stat st;
-  if (!rc && cs->grid->world.rank == 0 && !stat(path, &st))
-    printf("checkpoint %s %s: %.1f MB in %.2f s (%.2f GB/s)\n", path, save ? "written" : "loaded",
-           st.st_size / 1e6, dt, dt > 0 ? st.st_size / dt / 1e9 : 0.0);
+  if (!rc && cs->grid->world.rank == 0)
+    say_ckpt(path, save ? "written" : "loaded", zt_timer_now() - t0, "");
   return rc;
 }
 
@@ -389,7 +412,12 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
                     zt_dtype_name(plan.train.precision));
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
+  /* where periodic and signalled checkpoints go: made before the first
+   * step, once everything else has been checked (nothing made for bad input) */
+  int ckpt_dir = plan.ckpt.every > 0 || a->resume;
+  if (!rc && ckpt_dir) rc = zt_fs_check_dir("checkpoint.dir", plan.ckpt.dir, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
+  if (!rc && a->metrics) rc = zt_fs_check_writable("--metrics", a->metrics, e);
   if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
                                plan.model.seq, plan.model.vocab, e);
   if (!rc && plan.data.val)
@@ -430,6 +458,18 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
       printf(*used ? "resuming from %s (step %lld)\n" : "no checkpoint in %s: starting at step 0\n",
              *used ? used : plan.ckpt.dir, (long long)tr.t);
   }
+  /* --load past the end would train nothing and look like success;
+   * --steps 0 is the way to only load (and --save). A resumed run that
+   * is done is a requeued job that finished: nothing to do, exit 0. */
+  if (!rc && a->load && plan.train.steps > 0 && tr.t >= plan.train.steps)
+    rc = zt_err_set(e, ZT_EINPUT, "--load %s is at step %lld but train.steps is %lld: nothing to "
+                    "train (train.steps counts from step 0, not from the checkpoint); use --steps "
+                    "%lld to train %lld more, or --steps 0 to only load%s", a->load,
+                    (long long)tr.t, (long long)plan.train.steps,
+                    (long long)(tr.t + plan.train.steps), (long long)plan.train.steps,
+                    a->save ? " and --save" : "");
+  rc = agree(world, rc, e);
+  if (!rc && ckpt_dir) rc = zt_ckpt_dir_make(plan.ckpt.dir, world, ZT_EINPUT, e);
   if (!rc) {
     zt_peak pk;
     /* a declared peak needs no probe */
@@ -475,8 +515,16 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
       /* a stop is the last chance: that save is synchronous, after the one
        * in the background (HDF5 runs on one thread at a time) */
       if (stop) rc = zt_ckpt_async_wait(&bg, e);
-      if (!rc) rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs,
-                            plan.ckpt.async && !stop ? &bg : NULL, path, sizeof path, e);
+      int async = plan.ckpt.async && !stop;
+      double t0 = zt_timer_now();
+      if (!rc) rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs, async ? &bg : NULL, path,
+                                     sizeof path, e);
+      /* a stop says so itself, below; one in the background when it is done */
+      if (!rc && !stop && !async && rank0) {
+        char at[64];
+        snprintf(at, sizeof at, ", step %lld", (long long)tr.t);
+        say_ckpt(path, "written", zt_timer_now() - t0, at);
+      }
       if (!rc && stop && rank0)
         printf("ztrain: %s: checkpoint %s written at step %lld; stopping\n",
                stop == SIGTERM ? "SIGTERM" : stop == SIGUSR2 ? "SIGUSR2" : "SIGUSR1", path,
