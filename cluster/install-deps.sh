@@ -5,8 +5,10 @@
 set -eu
 build=(build-essential cmake ninja-build pkg-config
        openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
-       liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev)
-test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch procps)
+       liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev
+       libpcre2-dev libsentencepiece-dev)
+test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch procps
+      python3-venv python3-sentencepiece)
 want=("${build[@]}")
 [ "${1:-}" = "--no-test" ] || want+=("${test[@]}")
 
