@@ -25,6 +25,19 @@ static int fail(char *err, size_t errn, int code, const std::string &msg) {
   return code;
 }
 
+// The library's message without its "file.cc(line) [condition] " prefix,
+// which tells a user nothing; `otherwise` where nothing is left.
+static std::string said(const sentencepiece::util::Status &st, const char *otherwise) {
+  std::string m = st.message();
+  size_t at = m.find(") [");
+  if (at != std::string::npos && m.compare(0, 6, "./src/") == 0) {
+    size_t end = m.find("] ", at);
+    m = end == std::string::npos ? "" : m.substr(end + 2);
+  }
+  while (!m.empty() && (m.back() == ' ' || m.back() == '\n')) m.pop_back();
+  return m.empty() ? otherwise : m;
+}
+
 extern "C" int zt_spm_load(zt_spm **s, const char *path, char *err, size_t errn) {
   *s = nullptr;
   try {
@@ -32,7 +45,7 @@ extern "C" int zt_spm_load(zt_spm **s, const char *path, char *err, size_t errn)
     auto st = t->sp.Load(path);
     if (!st.ok()) {
       delete t;
-      return fail(err, errn, ZT_EINPUT, st.ToString());
+      return fail(err, errn, ZT_EINPUT, said(st, "not a SentencePiece model file"));
     }
     *s = t;
     return ZT_OK;
@@ -50,7 +63,7 @@ extern "C" int zt_spm_encode(zt_spm *s, const char *text, size_t n, zt_ids *out,
   try {
     std::vector<int> ids;
     auto st = s->sp.Encode(absl::string_view(text, n), &ids);
-    if (!st.ok()) return fail(err, errn, ZT_EINPUT, st.ToString());
+    if (!st.ok()) return fail(err, errn, ZT_EINPUT, said(st, "encoding failed"));
     std::vector<uint32_t> u(ids.begin(), ids.end());
     if (zt_ids_push(out, u.data(), (int64_t)u.size())) return fail(err, errn, ZT_ERUNTIME, "out of memory");
     return ZT_OK;
@@ -74,7 +87,7 @@ extern "C" int zt_spm_decode(const zt_spm *s, const uint32_t *ids, int64_t n, ch
     }
     std::string out;
     auto st = s->sp.Decode(v, &out);
-    if (!st.ok()) return fail(err, errn, ZT_EINPUT, st.ToString());
+    if (!st.ok()) return fail(err, errn, ZT_EINPUT, said(st, "decoding failed"));
     char *r = (char *)std::malloc(out.size() + 1);
     if (!r) return fail(err, errn, ZT_ERUNTIME, "out of memory");
     std::memcpy(r, out.data(), out.size());
@@ -146,7 +159,7 @@ extern "C" int zt_spm_train(const char *const *texts, const size_t *lens, int nt
     Lines it(texts, lens, ntexts);
     std::string model;
     auto st = sentencepiece::SentencePieceTrainer::Train(kw, &it, &model);
-    if (!st.ok()) return fail(err, errn, ZT_EINPUT, "training the vocabulary: " + st.ToString());
+    if (!st.ok()) return fail(err, errn, ZT_EINPUT, "training the vocabulary: " + said(st, "failed"));
     std::ofstream f(out, std::ios::binary | std::ios::trunc);
     f.write(model.data(), (std::streamsize)model.size());
     f.close();
