@@ -412,8 +412,80 @@ int zt_bpe_cuttable(const zt_bpe *b) {
   return 1;
 }
 
+static uint32_t pair_rank(const zt_bpe *b, uint32_t l, uint32_t r, uint32_t *id) {
+  uint64_t k = ((uint64_t)l << 32 | r) + 1;
+  size_t h = pair_slot(&b->pairs, k);
+  if (!b->pairs.key[h]) return UINT32_MAX;
+  *id = b->pairs.id[h];
+  return b->pairs.rank[h];
+}
+
+/* Min-heap of (rank << 32 | position): the pair to merge next is the one
+ * of lowest rank, leftmost of equals. */
+static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+  size_t i = (*n)++;
+  while (i && h[(i - 1) / 2] > v) h[i] = h[(i - 1) / 2], i = (i - 1) / 2;
+  h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+  uint64_t top = h[0], v = h[--*n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= *n) break;
+    if (c + 1 < *n && h[c + 1] < h[c]) c++;
+    if (h[c] >= v) break;
+    h[i] = h[c], i = c;
+  }
+  h[i] = v;
+  return top;
+}
+
+/* A long piece: the same merges in O(n log n), symbols in a linked list
+ * and candidate pairs in a heap; a popped pair whose symbols have changed
+ * since it was pushed no longer has its rank, and is dropped. */
+static int bpe_long(const zt_bpe *b, uint32_t *ids, size_t n, size_t *m) {
+  int32_t *next = malloc(n * sizeof *next), *prev = malloc(n * sizeof *prev);
+  uint64_t *heap = malloc(2 * n * sizeof *heap);
+  if (!next || !prev || !heap) return free(next), free(prev), free(heap), -1;
+  size_t hn = 0;
+  uint32_t id;
+  for (size_t i = 0; i < n; i++) {
+    next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    prev[i] = (int32_t)i - 1;
+    uint32_t r = i + 1 < n ? pair_rank(b, ids[i], ids[i + 1], &id) : UINT32_MAX;
+    if (r != UINT32_MAX) heap_push(heap, &hn, (uint64_t)r << 32 | i);
+  }
+  while (hn) {
+    uint64_t top = heap_pop(heap, &hn);
+    uint32_t rank = (uint32_t)(top >> 32), at = (uint32_t)top;
+    if (ids[at] == UINT32_MAX || next[at] < 0) continue; /* merged away */
+    int32_t nx = next[at];
+    if (pair_rank(b, ids[at], ids[nx], &id) != rank) continue; /* changed */
+    ids[at] = id;
+    ids[nx] = UINT32_MAX;
+    next[at] = next[nx];
+    if (next[nx] >= 0) prev[next[nx]] = (int32_t)at;
+    uint32_t r;
+    if (prev[at] >= 0 && (r = pair_rank(b, ids[prev[at]], ids[at], &id)) != UINT32_MAX)
+      heap_push(heap, &hn, (uint64_t)r << 32 | (uint32_t)prev[at]);
+    if (next[at] >= 0 && (r = pair_rank(b, ids[at], ids[next[at]], &id)) != UINT32_MAX)
+      heap_push(heap, &hn, (uint64_t)r << 32 | at);
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] != UINT32_MAX) ids[k++] = ids[i];
+  *m = k;
+  free(next);
+  free(prev);
+  free(heap);
+  return 0;
+}
+
 /* One piece's bytes to ids: start from single bytes, then join the pair
- * of lowest merge rank (leftmost of equals) until no pair merges. */
+ * of lowest merge rank (leftmost of equals) until no pair merges. Short
+ * pieces (nearly all) by rescanning, long ones with a heap. */
 static int bpe_piece(zt_bpe *b, const char *s, size_t n, zt_ids *out) {
   if (b->ignore_merges) { /* LLaMA 3: a piece in the vocabulary is one token */
     uint32_t id = str_get(b, s, n);
@@ -423,13 +495,18 @@ static int bpe_piece(zt_bpe *b, const char *s, size_t n, zt_ids *out) {
   if (!ids) return -1;
   for (size_t i = 0; i < n; i++) ids[i] = b->byte_id[(unsigned char)s[i]];
   size_t m = n;
-  while (m > 1) {
-    uint32_t best = UINT32_MAX, best_id = 0;
+  if (n > 32) {
+    if (bpe_long(b, ids, n, &m)) {
+      if (ids != stack_ids) free(ids);
+      return -1;
+    }
+  }
+  while (n <= 32 && m > 1) {
+    uint32_t best = UINT32_MAX, best_id = 0, id = 0;
     size_t at = 0;
     for (size_t i = 0; i + 1 < m; i++) {
-      uint64_t k = ((uint64_t)ids[i] << 32 | ids[i + 1]) + 1;
-      size_t h = pair_slot(&b->pairs, k);
-      if (b->pairs.key[h] && b->pairs.rank[h] < best) best = b->pairs.rank[h], best_id = b->pairs.id[h], at = i;
+      uint32_t r = pair_rank(b, ids[i], ids[i + 1], &id);
+      if (r < best) best = r, best_id = id, at = i;
     }
     if (best == UINT32_MAX) break;
     ids[at] = best_id;

@@ -35,13 +35,19 @@ TEST_TEXT = (
     "Code: for (int i = 0; i < n; i++) { x += a[i] * 2; } // done\n"
     "MIXED case WORDS and 'quotes' \"double\" ... --- ___ ***\n"
     "\r\nWindows line\r\nend \u00a0nbsp\u3000ideographic space\n"
+    # long pieces, which take the heap path (over 32 bytes)
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa "
+    "thethethethethethethethethethethethethethethethethethethe 12341234123412341234123412341234123412341234 "
+    "https://example.com/the/model/train/token/byte/level/merge?rank=1234&caf\u00e9=\u6771\u4eac\n"
+    "\u6771\u4eac\u5bff\u53f8\u4e2d\u6587\u6d4b\u8bd5\u6771\u4eac\u5bff\u53f8\u4e2d\u6587\u6d4b\u8bd5\u6771\u4eac\u5bff\u53f8\n"
 )
 
 WORDS = ("the of and to in is was for on that with as by at from it's we're they'll "
          "caf\u00e9 cr\u00e8me \u00fcber na\u00efve \u6771\u4eac \u5bff\u53f8 \u4e2d\u6587 \u6d4b\u8bd5 "
          "\ud55c\uad6d\uc5b4 \u0440\u0443\u0441\u0441\u043a\u0438\u0439 \U0001F600 \u2764\ufe0f "
          "model train token byte level merge rank 1234 2024 3.14 { } ( ) ; // == += "
-         "Hello World Special Tokens quick brown fox jumps over lazy dog").split()
+         "Hello World Special Tokens quick brown fox jumps over lazy dog "
+         "aaaaaaaa thethethe 12341234 \u6771\u4eac\u5bff\u53f8\u4e2d\u6587").split()
 
 
 def corpus(n_words, seed):
