@@ -4,7 +4,8 @@
 
 hf: trains small byte-level BPE tokenizer.json files with Hugging Face
 `tokenizers` (GPT-2's ByteLevel pre-tokenizer, the same with a prefix space,
-and LLaMA 3's Split regex + ByteLevel), then encodes a text of ASCII,
+and LLaMA 3's Split regex + ByteLevel, also with ignore_merges and vocab
+entries merges do not reach), then encodes a text of ASCII,
 accents, CJK, emoji, numbers, whitespace runs, contractions and special
 tokens with ztrain (tokenizer.h through tok_tool, and `ztrain tokenize`)
 and with HF: the ids must be the same, and decoding must give the text back.
@@ -29,6 +30,7 @@ TEST_TEXT = (
     "Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e, na\u00efve fa\u00e7ade \u2014 \u00dcber \u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac \u0440\u0443\u0441\u0441\u043a\u0438\u0439.\n"
     "\u6771\u4eac\u3067\u5bff\u53f8\u3092\u98df\u3079\u305f\u3002\u4e2d\u6587\u6d4b\u8bd5\uff0c\ud55c\uad6d\uc5b4 \ud14c\uc2a4\ud2b8\n"
     "Emoji: \U0001F600\U0001F680 \U0001F469\u200d\U0001F4BB and \u2764\ufe0f!\n"
+    "Unreachable zqxv and zqxvzqxv words\n"
     "Numbers 1234567 3.14159 2024-06-01 0x1F 1,000,000\n"
     "Whitespace    runs\t\ttabs   \n\n\n  leading and trailing   \n"
     "<|endoftext|>After the special token<|endoftext|><|endoftext|>twice\n"
@@ -136,13 +138,25 @@ def hf(tmp):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
         path = os.path.join(tmp, name + ".json")
         tok.save(path)
+        if name == "llama3":  # LLaMA 3's ignore_merges: a piece in the vocab is one token
+            plain = tok.encode(TEST_TEXT, add_special_tokens=False).ids
+            j = json.loads(tok.to_str())
+            j["model"]["ignore_merges"] = True
+            top = max(list(j["model"]["vocab"].values()) + [a["id"] for a in j["added_tokens"]])
+            for k, word in enumerate(("\u0120zqxv", "\u0120zqxvzqxv")):  # merges never make these
+                j["model"]["vocab"][word] = top + 1 + k
+            with open(path, "w") as f:
+                json.dump(j, f)
+            tok = Tokenizer.from_file(path)
+            assert tok.encode(TEST_TEXT, add_special_tokens=False).ids != plain, "ignore_merges unused"
         kind, vocab, eos, ids, back = zt_ids(path, test_txt)
         assert kind == "hf-bpe", kind
         want = tok.encode(TEST_TEXT, add_special_tokens=False).ids
         same(f"{name} tokenizer.h", ids, want)
         # a prefix space stays in the decoded text, in HF's decoder too
         check(f"{name} decode", back, TEST_TEXT if "prefix" not in name else tok.decode(want, skip_special_tokens=False))
-        assert vocab == tok.get_vocab_size(), (vocab, tok.get_vocab_size())
+        ids_all = list(tok.get_vocab().values())
+        assert vocab == max(ids_all) + 1, (vocab, max(ids_all), len(ids_all), tok.get_vocab_size())
         # the CLI: several inputs, end-of-text after each, u16
         out = os.path.join(tmp, name + ".bin")
         p = run(ZTRAIN, "tokenize", test_txt, test_txt, out, "--tokenizer", path)
