@@ -178,7 +178,11 @@ static int tokenize_main(int argc, char **argv) {
   int npos = 0;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--val") && v) o.val = v, i++;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(usage, stdout);
+      free(pos);
+      return 0;
+    } else if (!strcmp(a, "--val") && v) o.val = v, i++;
     else if (!strcmp(a, "--val-fraction") && v) o.val_fraction = atof(v), i++;
     else if (!strcmp(a, "--tokenizer") && v) o.tokenizer = v, i++;
     else if (!strcmp(a, "--tokenizer-out") && v) o.tokenizer_out = v, i++;

@@ -49,7 +49,20 @@ typedef struct {
   size_t mask;
 } pair_table;
 
+/* Pieces repeat (words, spaces): a direct-mapped cache of short pieces'
+ * ids saves the merging. An entry is replaced by the next piece that hashes
+ * to its slot. */
+#define CACHE_SLOTS (1 << 16)
+#define CACHE_BYTES 24
+#define CACHE_IDS 12
+typedef struct {
+  uint8_t len, nids; /* len 0: empty */
+  char s[CACHE_BYTES];
+  uint32_t ids[CACHE_IDS];
+} cache_entry;
+
 struct zt_bpe {
+  cache_entry *cache;
   int vocab, eos, ignore_merges;
   char **tok; /* id -> bytes (NULL: no such id) */
   uint32_t *toklen;
@@ -378,7 +391,9 @@ int zt_bpe_load(zt_bpe **out, const char *path, zt_err *e) {
   if (!rc && pt && !json_is_null(pt)) rc = read_pretok(b, pt, path, e);
   if (!rc && addl && !json_is_array(addl)) rc = refuse(e, path, "added_tokens", "that is not an array");
   if (!rc) rc = read_model(b, model, addl, path, e);
-  if (!rc && !(b->md = pcre2_match_data_create(4, NULL))) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  if (!rc && (!(b->md = pcre2_match_data_create(4, NULL)) ||
+              !(b->cache = calloc(CACHE_SLOTS, sizeof *b->cache))))
+    rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   json_decref(root);
   if (rc) zt_bpe_free(b);
   else *out = b;
@@ -400,6 +415,7 @@ void zt_bpe_free(zt_bpe *b) {
   pcre2_match_data_free(b->md);
   free(b->work);
   free(b->span);
+  free(b->cache);
   free(b);
 }
 
@@ -491,6 +507,11 @@ static int bpe_piece(zt_bpe *b, const char *s, size_t n, zt_ids *out) {
     uint32_t id = str_get(b, s, n);
     if (id != UINT32_MAX) return zt_ids_push(out, &id, 1);
   }
+  cache_entry *c = NULL;
+  if (n <= CACHE_BYTES) {
+    c = &b->cache[XXH3_64bits(s, n) & (CACHE_SLOTS - 1)];
+    if (c->len == n && !memcmp(c->s, s, n)) return zt_ids_push(out, c->ids, c->nids);
+  }
   uint32_t stack_ids[64], *ids = n <= 64 ? stack_ids : malloc(n * sizeof *ids);
   if (!ids) return -1;
   for (size_t i = 0; i < n; i++) ids[i] = b->byte_id[(unsigned char)s[i]];
@@ -512,6 +533,11 @@ static int bpe_piece(zt_bpe *b, const char *s, size_t n, zt_ids *out) {
     ids[at] = best_id;
     memmove(ids + at + 1, ids + at + 2, (m - at - 2) * sizeof *ids);
     m--;
+  }
+  if (c && m <= CACHE_IDS) {
+    c->len = (uint8_t)n, c->nids = (uint8_t)m;
+    memcpy(c->s, s, n);
+    memcpy(c->ids, ids, m * sizeof *ids);
   }
   int rc = zt_ids_push(out, ids, (int64_t)m);
   if (ids != stack_ids) free(ids);
