@@ -29,7 +29,7 @@ static const char gpt2_re[] =
  * HF's "Isolated"), optionally after prefixing a space (ByteLevel). */
 typedef struct {
   pcre2_code *re; /* NULL: no split */
-  int prefix_space;
+  int prefix_space, byte_level;
 } stage;
 
 typedef struct {
@@ -166,7 +166,7 @@ static int compile(pcre2_code **re, const char *pat, size_t n, int literal, cons
                    zt_err *e) {
   int code;
   PCRE2_SIZE off;
-  *re = pcre2_compile((PCRE2_SPTR)pat, n, PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0),
+  *re = pcre2_compile((PCRE2_SPTR)pat, n, PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP),
                       &code, &off, NULL);
   if (!*re) {
     PCRE2_UCHAR msg[256];
@@ -203,6 +203,7 @@ static int read_pretok(zt_bpe *b, json_t *pt, const char *path, zt_err *e) {
   if (!strcmp(type, "ByteLevel")) {
     json_t *ur = json_object_get(pt, "use_regex");
     s->prefix_space = json_is_true(json_object_get(pt, "add_prefix_space"));
+    s->byte_level = 1;
     b->nst++;
     return ur && json_is_false(ur) ? ZT_OK : compile(&s->re, gpt2_re, strlen(gpt2_re), 0, path, e);
   }
@@ -391,6 +392,11 @@ int zt_bpe_load(zt_bpe **out, const char *path, zt_err *e) {
   if (!rc && pt && !json_is_null(pt)) rc = read_pretok(b, pt, path, e);
   if (!rc && addl && !json_is_array(addl)) rc = refuse(e, path, "added_tokens", "that is not an array");
   if (!rc) rc = read_model(b, model, addl, path, e);
+  /* ByteLevel maps bytes to its alphabet last: stages after it would see
+   * that alphabet, which ztrain never builds; without it BPE sees raw text */
+  if (!rc && (!b->nst || !b->st[b->nst - 1].byte_level))
+    rc = refuse(e, path, "pre_tokenizer", b->nst ? "that does not end with ByteLevel"
+                                                 : "without ByteLevel (not byte-level BPE)");
   if (!rc && (!(b->md = pcre2_match_data_create(4, NULL)) ||
               !(b->cache = calloc(CACHE_SLOTS, sizeof *b->cache))))
     rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");

@@ -60,7 +60,17 @@ json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": ["\u0120 t"]},
            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
            "added_tokens": [{"id": 257, "content": "<|endoftext|>", "special": True}]},
           open("tok.json", "w"))
-json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": ["\u0120 x"]}}, open("badmerge.json", "w"))
+bl = {"type": "ByteLevel"}
+json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": ["\u0120 x"]}, "pre_tokenizer": bl},
+          open("badmerge.json", "w"))
+json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []}}, open("nobytelevel.json", "w"))
+json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "pre_tokenizer": {
+    "type": "Sequence", "pretokenizers": [bl, {"type": "Split", "pattern": {"String": "x"},
+                                              "behavior": "Isolated"}]}}, open("bytelevelfirst.json", "w"))
+json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "pre_tokenizer": {
+    "type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"}}, open("badregex.json", "w"))
+json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "pre_tokenizer": {
+    "type": "Metaspace"}}, open("metaspace.json", "w"))
 EOF
 
 bad unknown-file "notatok.txt: unknown tokenizer file or format: neither a Hugging Face tokenizer.json nor a SentencePiece model (not a SentencePiece model file)$" -- tokenize text.txt out.bin --tokenizer notatok.txt
@@ -71,6 +81,13 @@ bad broken-json "not valid JSON" -- tokenize text.txt out.bin --tokenizer broken
 bad normalizer "normalizer NFC is not supported" -- tokenize text.txt out.bin --tokenizer nfc.json
 bad not-byte-level "no entry for byte 0x00" -- tokenize text.txt out.bin --tokenizer notbytes.json
 bad bad-merge 'merges\[0\].*not in model.vocab' -- tokenize text.txt out.bin --tokenizer badmerge.json
+bad no-byte-level "pre_tokenizer without ByteLevel (not byte-level BPE) is not supported" -- \
+  tokenize text.txt out.bin --tokenizer nobytelevel.json
+bad byte-level-first "pre_tokenizer that does not end with ByteLevel" -- \
+  tokenize text.txt out.bin --tokenizer bytelevelfirst.json
+bad bad-regex "pattern /(unclosed/ at 9: missing closing parenthesis" -- \
+  tokenize text.txt out.bin --tokenizer badregex.json
+bad metaspace "pre_tokenizer type Metaspace is not supported" -- tokenize text.txt out.bin --tokenizer metaspace.json
 bad not-utf8 "latin.txt is not UTF-8: bad byte 0xFF at offset 14" -- \
   tokenize text.txt latin.txt out.bin --tokenizer tok.json --val val.bin
 bad cut-utf8 "cut.txt is not UTF-8: bad byte 0xE2 at offset 2" -- tokenize cut.txt out.bin --tokenizer tok.json
