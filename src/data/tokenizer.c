@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "src/data/tok_impl.h"
@@ -75,10 +76,13 @@ int zt_tok_open(zt_tok **t, const char *spec, zt_err *e) {
     *t = k;
     return ZT_OK;
   }
-  FILE *f = fopen(spec, "rb");
+  struct stat st;
+  int dir = !stat(spec, &st) && S_ISDIR(st.st_mode);
+  FILE *f = dir ? NULL : fopen(spec, "rb");
   if (!f) {
     free(k);
-    return zt_err_set(e, ZT_EINPUT, "tokenizer %s: cannot read it: %s", spec, strerror(errno));
+    return zt_err_set(e, ZT_EINPUT, "tokenizer %s: cannot read it: %s", spec,
+                      strerror(dir ? EISDIR : errno));
   }
   int c;
   while ((c = fgetc(f)) == ' ' || c == '\t' || c == '\n' || c == '\r') {}

@@ -75,6 +75,7 @@ EOF
 
 bad unknown-file "notatok.txt: unknown tokenizer file or format: neither a Hugging Face tokenizer.json nor a SentencePiece model (not a SentencePiece model file)$" -- tokenize text.txt out.bin --tokenizer notatok.txt
 bad missing-file "nope.json: cannot read it" -- tokenize text.txt out.bin --tokenizer nope.json
+bad directory "tokenizer \.: cannot read it: Is a directory" -- tokenize text.txt out.bin --tokenizer .
 bad wordpiece "model.type WordPiece is not supported" -- tokenize text.txt out.bin --tokenizer wordpiece.json
 bad no-model 'without a "model"' -- tokenize text.txt out.bin --tokenizer nomodel.json
 bad broken-json "not valid JSON" -- tokenize text.txt out.bin --tokenizer broken.json
