@@ -101,15 +101,15 @@ static int parse(int argc, char **argv, infer_args *a, zt_err *e) {
   a->temperature = 1;
   a->seed = 1;
   if (!a->stmts) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  int c, rc = ZT_OK;
+  int c, li = -1, rc = ZT_OK;
   double v;
   opterr = 0;
   optind = 1;
-  while (!rc && (c = getopt_long(argc, argv, "e:h", longopts, NULL)) != -1) {
+  while (!rc && (c = getopt_long(argc, argv, "e:h", longopts, &li)) != -1) {
     /* eval takes none of sample's options, nor sample --json */
     if ((a->eval && strchr("pntksi", c)) || (!a->eval && c == 'j'))
-      return zt_err_set(e, ZT_EINPUT, "ztrain %s takes no %s; see ztrain %s --help", cmd,
-                        argv[optind - 1], cmd);
+      return zt_err_set(e, ZT_EINPUT, "ztrain %s takes no --%s; see ztrain %s --help", cmd,
+                        longopts[li].name, cmd);
     switch (c) {
       case 'e': a->stmts[a->nstmts++] = optarg; break;
       case 'l': a->load = optarg; break;

@@ -16,12 +16,12 @@ zt_scratch
 zt_tokens tok.bin 3 20000
 zt_tokens val.bin 4 3000
 export OMP_NUM_THREADS=1
-for arch in gpt llama; do
-  if [ $arch = gpt ]; then m='zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2}'
-  else m='zt.llama{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 4, kv_heads = 2, ffn_dim = 48}'; fi
+# gpt, and llama with grouped-query attention (2 kv heads, so tp 2 splits them)
+for m in 'gpt{heads = 2}' 'llama{heads = 4, kv_heads = 2, ffn_dim = 48}'; do
+  arch=${m%%\{*}
   cat > run.lua <<LUA
 local zt = require "ztrain"
-model = $m
+model = zt.$arch{vocab = 256, seq = 16, dim = 32, layers = 2, ${m#*\{}
 train = {micro_batch = 2, global_batch = 8, steps = 6, log_every = 0, eval_every = 3,
          lr = zt.lr.cosine{peak = 3e-3, warmup = 2}}
 data = {train = "tok.bin", val = "val.bin", val_batches = 3}
