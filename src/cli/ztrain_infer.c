@@ -392,6 +392,8 @@ static int sample_run(const infer_args *a, zt_comm *world, zt_err *e) {
   if (!rc) {
     s.be->copy(s.d.stream, s.w, s.host_w, wbytes);
     s.be->stream_sync(s.d.stream);
+    free(s.host_w); /* the device holds them now */
+    s.host_w = NULL;
   }
   s.logits = malloc((size_t)cfg.vocab * sizeof *s.logits);
   s.feed = malloc((size_t)cap * sizeof *s.feed);
