@@ -46,8 +46,10 @@ static json_t *lookup(json_t *o, const char *key) {
   char head[32];
   snprintf(head, sizeof head, "%.*s", (int)(dot - key), key);
   json_t *sub = json_object_get(o, head);
-  /* a scalar where the object belongs is the object's keys' type error */
-  return json_is_object(sub) ? json_object_get(sub, dot + 1) : sub;
+  if (!sub || json_is_null(sub)) return sub;
+  /* anything else where the object belongs: its keys are "not a number"
+   * (json_true is a value number() refuses) */
+  return json_is_object(sub) ? json_object_get(sub, dot + 1) : json_true();
 }
 
 /* *out: v's number, NaN for null; -1 when v is something else. */
@@ -216,11 +218,11 @@ int zt_runreport_main(int argc, char **argv) {
   }
   int rc = zt_runreport_read(in, &r, &e), nplots = 0;
   struct stat si, so;
+  if (!rc && !stat(out, &so) && S_ISDIR(so.st_mode))
+    rc = zt_err_set(&e, ZT_EINPUT, "-o %s is a directory; give the page's file name", out);
   if (!rc && !stat(out, &so) && !stat(r.path, &si) && si.st_dev == so.st_dev &&
-      si.st_ino == so.st_ino) {
+      si.st_ino == so.st_ino)
     rc = zt_err_set(&e, ZT_EINPUT, "-o %s is the metrics file itself", out);
-    zt_runreport_free(&r);
-  }
   if (!rc) rc = zt_runreport_write(&r, out, log_loss, &nplots, &e);
   if (!rc) {
     if (r.truncated)

@@ -96,14 +96,39 @@ static int write_spec(FILE *f, const zt_runreport *r, const plot_spec *s) {
   return 1;
 }
 
+/* An exponential moving average of y over about `window` values,
+ * debiased at the start (as TensorBoard's smoothing), NaN where y is. */
+static void smooth(const double *y, size_t n, double window, double *out) {
+  double beta = 1 - 1 / window, s = 0, c = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(y[i])) {
+      out[i] = NAN;
+      continue;
+    }
+    s = beta * s + (1 - beta) * y[i], c = beta * c + (1 - beta);
+    out[i] = s / c;
+  }
+}
+
 /* The loss plot: training loss as a line, validation loss as points,
- * skipped updates as marks on the step axis. */
+ * skipped updates as marks on the step axis. From 50 steps on the loss is
+ * noisy enough to bury its trend: a smoothed line goes over a paler raw one. */
 static int write_loss(FILE *f, const zt_runreport *r, int log_loss) {
-  zt_svgplot_series ser[3];
+  zt_svgplot_series ser[4];
   int n = 0;
-  if (has_data(r->col[ZT_RR_LOSS], r->n, 0))
-    ser[n++] = (zt_svgplot_series){"training loss", palette[0], ZT_SVGPLOT_LINE,
+  double window = r->n / 50 > 10 ? (double)(r->n / 50) : 10;
+  double *ema = r->n >= 50 ? malloc(r->n * sizeof *ema) : NULL; /* without memory: no EMA */
+  char ema_name[64];
+  if (has_data(r->col[ZT_RR_LOSS], r->n, 0)) {
+    ser[n++] = (zt_svgplot_series){"training loss", ema ? "#a6c8e4" : palette[0], ZT_SVGPLOT_LINE,
                                    r->col[ZT_RR_STEP], r->col[ZT_RR_LOSS], r->n};
+    if (ema) {
+      smooth(r->col[ZT_RR_LOSS], r->n, window, ema);
+      snprintf(ema_name, sizeof ema_name, "smoothed (EMA, %.0f steps)", window);
+      ser[n++] = (zt_svgplot_series){ema_name, palette[0], ZT_SVGPLOT_LINE, r->col[ZT_RR_STEP],
+                                     ema, r->n};
+    }
+  }
   if (has_data(r->val_loss, r->nval, 0))
     ser[n++] = (zt_svgplot_series){"validation loss", palette[1], ZT_SVGPLOT_POINTS,
                                    r->val_step, r->val_loss, r->nval};
@@ -113,10 +138,12 @@ static int write_loss(FILE *f, const zt_runreport *r, int log_loss) {
                                    r->skipped_step, r->skipped_step, r->nskipped};
   if (!curves) {
     note(f, "plot-loss", "No loss: every loss in the metrics is null (not finite).");
+    free(ema);
     return 0;
   }
   zt_svgplot p = {"plot-loss", "Loss", "loss (nats/token)", ZT_SVGPLOT_PLAIN, log_loss, 0, ser, n};
   zt_svgplot_write(f, &p);
+  free(ema);
   if (!r->nval)
     note(f, "plot-loss",
          "No validation loss: the run did not evaluate (train.eval_every, data.val).");

@@ -185,8 +185,13 @@ refuse "no step lines" "nosteps.jsonl has no step lines" nosteps.jsonl
 refuse "an empty file" "has no step lines" empty.jsonl
 mkdir emptydir
 refuse "a directory without metrics" "emptydir is a directory without metrics.jsonl" emptydir
+printf '{"step":1,"loss":2,"bytes":7}\n' > scalar.jsonl
+refuse "a number where an object belongs" 'scalar.jsonl line 1: "bytes.dp" is not a number' scalar.jsonl
 refuse "no metrics argument" "no metrics given"
 refuse "an unknown option" "unexpected argument '--bogus'" run --bogus
+mkdir outdir/sub
+"$Z" report run -o outdir/sub > /dev/null 2> err.txt
+[ $? -eq 2 ] && grep -q "is a directory" err.txt && [ -z "$(ls -A outdir/sub)" ] && ok || bad "-o onto a directory: $(cat err.txt)"
 cp run/metrics.jsonl self.jsonl
 "$Z" report self.jsonl -o self.jsonl > /dev/null 2> err.txt
 [ $? -eq 2 ] && cmp -s self.jsonl run/metrics.jsonl && ok || bad "-o onto the metrics file: $(cat err.txt)"
