@@ -80,8 +80,10 @@ PY
 
 # --- the page in a browser ----------------------------------------------
 shot() { # HTML PNG
+  # scale 1: ink.py measures the frames in CSS pixels
   timeout 90 "$CHROMIUM" --headless --no-sandbox --disable-gpu --hide-scrollbars --no-first-run \
-    --user-data-dir="$W/chrome" --window-size=1200,2400 --screenshot="$2" "file://$1" \
+    --force-device-scale-factor=1 --user-data-dir="$W/chrome" --window-size=1200,2400 \
+    --screenshot="$2" "file://$1" \
     > chrome.log 2>&1 && [ -s "$2" ]
 }
 cat > ink.py <<'PY'
