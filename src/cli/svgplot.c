@@ -116,17 +116,25 @@ typedef struct bucket {
   int col, n;
   double xmin, ymin, xmax, ymax; /* the lowest and highest point */
   int min_first;
+  int drawn; /* points of the current piece of line written so far */
 } bucket;
 
-static void flush(FILE *f, bucket *b, int *pen_up) {
+static void flush(FILE *f, bucket *b) {
   if (!b->n) return;
   double x1 = b->min_first ? b->xmin : b->xmax, y1 = b->min_first ? b->ymin : b->ymax;
   double x2 = b->min_first ? b->xmax : b->xmin, y2 = b->min_first ? b->ymax : b->ymin;
-  fprintf(f, "%s%.1f,%.1f", *pen_up ? "M" : "L", x1, y1);
-  if (y2 != y1) fprintf(f, "L%.1f,%.1f", x2, y2);
-  else if (*pen_up) fputs("l0,0", f); /* an isolated point: a dot by its round cap */
-  *pen_up = 0;
+  fprintf(f, "%s%.1f,%.1f", b->drawn ? "L" : "M", x1, y1);
+  b->drawn++;
+  if (y2 != y1) fprintf(f, "L%.1f,%.1f", x2, y2), b->drawn++;
   b->n = 0;
+}
+
+/* Ends a piece of line; one of a single point gets a zero-length segment,
+ * which its round cap draws as a dot. */
+static void end_piece(FILE *f, bucket *b) {
+  flush(f, b);
+  if (b->drawn == 1) fputs("l0,0", f);
+  b->drawn = 0;
 }
 
 static void write_line(FILE *f, const zt_svgplot *p, const zt_svgplot_series *s, const axis *x,
@@ -134,18 +142,18 @@ static void write_line(FILE *f, const zt_svgplot *p, const zt_svgplot_series *s,
   fprintf(f, "<path class=\"line\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" "
              "stroke-linejoin=\"round\" stroke-linecap=\"round\" d=\"", s->color);
   bucket b = {0};
-  int pen_up = 1;
   for (size_t i = 0; i < s->n; i++) {
-    if (!usable(p, s->y[i]) || !isfinite(s->x[i])) { /* a gap: the line stops here */
-      flush(f, &b, &pen_up);
-      pen_up = 1;
-      continue;
+    /* a gap stops the line; so does a step back (metrics of a resumed run
+     * appended to its first run's), which would otherwise draw a zigzag */
+    if (!usable(p, s->y[i]) || !isfinite(s->x[i]) || (i && s->x[i] < s->x[i - 1])) {
+      end_piece(f, &b);
+      if (!usable(p, s->y[i]) || !isfinite(s->x[i])) continue;
     }
     double X = px(x, s->x[i]), Y = py(y, s->y[i]);
     int col = (int)floor(X);
-    if (b.n && col != b.col) flush(f, &b, &pen_up);
+    if (b.n && col != b.col) flush(f, &b);
     if (!b.n) {
-      b = (bucket){col, 1, X, Y, X, Y, 1};
+      b = (bucket){col, 1, X, Y, X, Y, 1, b.drawn};
       continue;
     }
     b.n++;
@@ -153,7 +161,7 @@ static void write_line(FILE *f, const zt_svgplot *p, const zt_svgplot_series *s,
     if (Y > b.ymin) b.xmin = X, b.ymin = Y, b.min_first = 0;
     if (Y < b.ymax) b.xmax = X, b.ymax = Y, b.min_first = 1;
   }
-  flush(f, &b, &pen_up);
+  end_piece(f, &b);
   fputs("\"/>\n", f);
 }
 
