@@ -163,6 +163,13 @@ print("\n".join(errs))
 sys.exit(1 if errs else 0)
 PY
 
+# a resumed run's metrics appended to the first run's: the line starts again
+# where the steps go back, without a stroke back across the plot
+(head -12 run/metrics.jsonl; sed -n 5,14p run/metrics.jsonl) > resumed.jsonl
+"$Z" report resumed.jsonl -o resumed.html > /dev/null 2> err.txt || bad "report of resumed.jsonl: $(cat err.txt)"
+d=$(grep -o '<path class="line"[^>]* d="[^"]*"' resumed.html | head -1 | sed 's/.* d="//')
+[ "$(echo "$d" | tr -cd M | wc -c)" = 2 ] && ok || bad "resumed metrics: loss line $d, want 2 pieces"
+
 # --- bad input: exit 2, the reason, nothing written ---------------------
 refuse() { # WHAT WANT_IN_MESSAGE ARGS...
   local what=$1 want=$2; shift 2
