@@ -206,7 +206,9 @@ static void write_summary(FILE *f, const zt_runreport *r) {
   row(f, "metrics", "%s", r->path);
   row(f, "steps", "%zu (step %.0f to %.0f)%s", r->n, step[0], step[r->n - 1],
       r->truncated ? "; the last line was cut short and is left out" : "");
-  if (r->nskipped) row(f, "skipped updates", "%zu (non-finite loss or gradients; loss-scale overflows)", r->nskipped);
+  if (r->nskipped)
+    row(f, "skipped updates", "%zu (non-finite loss or gradients; loss-scale overflows)",
+        r->nskipped);
   double tokens = 0, ms = 0;
   for (size_t i = 0; i < r->n; i++) {
     if (isfinite(r->col[ZT_RR_TOKENS][i])) tokens += r->col[ZT_RR_TOKENS][i];
