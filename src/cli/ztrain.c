@@ -18,6 +18,7 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
+#include "src/cli/ztrain_report.h"
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/h5util.h"
 #include "src/ckpt/policy.h"
@@ -41,6 +42,7 @@ static const char usage[] =
     "       ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
     "       ztrain sample SCRIPT.lua --load CKPT --prompt TEXT [--tokens N]\n"
     "                     [--temperature T] [--top-k K] [--seed S] [--ids]\n"
+    "       ztrain report RUN_DIR|METRICS.jsonl [-o REPORT.html] [--log-loss]\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
     "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
@@ -74,6 +76,8 @@ static const char usage[] =
     "batches), under mpirun in any layout, as training evaluates.\n"
     "sample: generates text from a checkpoint on one process (KV cache);\n"
     "ztrain eval --help and ztrain sample --help list their options.\n"
+    "report: draws a run's --metrics as one HTML page of plots (no network\n"
+    "needed to view it); ztrain report --help says more.\n"
     "\n"
     "tokenize: turns a text file into byte-level tokens (vocab 256) in\n"
     "ztrain's token file format; --val writes the last --val-fraction\n"
@@ -500,6 +504,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "schedule")) return schedule_main(argc, argv);
   if (argc > 1 && (!strcmp(argv[1], "eval") || !strcmp(argv[1], "sample")))
     return zt_infer_main(argc, argv);
+  if (argc > 1 && !strcmp(argv[1], "report")) return zt_runreport_main(argc - 1, argv + 1);
   cli_args a;
   zt_err e = {0};
   /* getopt reorders argv; a restart with other GEMM kernels gets it as given */
