@@ -72,7 +72,7 @@ static const char usage[] =
     "training (no mpirun needed): simulated bubble, peak in-flight micro-batches\n"
     "per stage and a timeline of all stages.\n"
     "\n"
-    "eval: val_loss and perplexity of a checkpoint on data.val (train.val_batches\n"
+    "eval: val_loss and perplexity of a checkpoint on data.val (data.val_batches\n"
     "batches), under mpirun in any layout, as training evaluates.\n"
     "sample: generates text from a checkpoint on one process (KV cache);\n"
     "ztrain eval --help and ztrain sample --help list their options.\n"
@@ -234,7 +234,7 @@ static int schedule_main(int argc, char **argv) {
 
 /* Threads: OMP_NUM_THREADS when set, else this node's cores shared evenly
  * among the ranks on it. */
-void zt_cli_set_threads(void) {
+static void set_threads(void) {
   if (getenv("OMP_NUM_THREADS")) return;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int n = (int)(cores / zt_comm_node_size());
@@ -537,7 +537,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ztrain: %s: %s\n", wrc == -2 ? "error" : "warning: no hang watchdog", why);
   if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0; /* every rank saw it; nothing more to say */
   if (!rc) {
-    zt_cli_set_threads();
+    set_threads();
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);

@@ -11,9 +11,11 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cpu/gemm_path.h"
 #include "parallel/comm.h"
@@ -31,8 +33,8 @@ static const char eval_usage[] =
     "Usage: ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
     "                   [--script-timeout S] [--script-memory MIB]\n"
     "\n"
-    "The loss of checkpoint CKPT on the script's data.val: the first\n"
-    "train.val_batches global batches (data.val_batches, default 4), as training\n"
+    "The loss of checkpoint CKPT on the script's data.val: its first\n"
+    "data.val_batches global batches (default 4), as training\n"
     "evaluates every train.eval_every steps, so the val_loss equals the one\n"
     "training printed at that step. Runs as one process or under mpirun with the\n"
     "script's layout (dp, tp, pp: -e 'parallel = {tp = 2}'), which any checkpoint\n"
@@ -457,6 +459,16 @@ static int sample_run(const infer_args *a, zt_comm *world, zt_err *e) {
 
 /* ---- the program ---------------------------------------------------------- */
 
+/* OpenMP threads: OMP_NUM_THREADS when set, else the node's cores shared
+ * among its ranks, as for training (ztrain.c's set_threads, which is
+ * being reworked elsewhere: this copy is the simple rule until the two
+ * can share one). */
+static void share_cores(void) {
+  if (getenv("OMP_NUM_THREADS")) return;
+  int n = (int)(sysconf(_SC_NPROCESSORS_ONLN) / zt_comm_node_size());
+  omp_set_num_threads(n > 0 ? n : 1);
+}
+
 int zt_infer_main(int argc, char **argv) {
   infer_args a = {.eval = !strcmp(argv[1], "eval")};
   const char *cmd = argv[1];
@@ -484,7 +496,7 @@ int zt_infer_main(int argc, char **argv) {
             why);
   if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0;
   if (!rc) {
-    zt_cli_set_threads();
+    share_cores();
     rc = a.eval ? eval_run(&a, &world, &e) : sample_run(&a, &world, &e);
   }
   if (rc && world.rank == 0 && e.msg[0]) fprintf(stderr, "ztrain %s: error: %s\n", cmd, e.msg);

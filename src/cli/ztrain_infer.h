@@ -1,5 +1,5 @@
 /* ztrain_infer (internal to the ztrain command): `ztrain eval` and
- * `ztrain sample` (ztrain_infer.c), and the two pieces of ztrain.c's own
+ * `ztrain sample` (ztrain_infer.c), and the piece of ztrain.c's own
  * start-up that they share with training. */
 #ifndef ZT_CLI_ZTRAIN_INFER_H
 #define ZT_CLI_ZTRAIN_INFER_H
@@ -12,10 +12,7 @@
  * whole program, MPI included; returns the exit status. */
 int zt_infer_main(int argc, char **argv);
 
-/* ztrain.c: the backend a rank computes on (parallel.device), and the
- * OpenMP threads of a rank (OMP_NUM_THREADS, else the node's cores shared
- * among its ranks). */
+/* ztrain.c: the backend a rank computes on (parallel.device). */
 int zt_cli_pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e);
-void zt_cli_set_threads(void);
 
 #endif
