@@ -61,6 +61,13 @@ int zt_ckpt_format_create_groups(int64_t f, int optim);
  * master weights are the parameters. */
 int zt_ckpt_format_link_master(int64_t f, const char *name);
 
+/* Writes tensor `name` of group g (its group exists) as a contiguous
+ * little-endian float32 dataset of the given shape from the n row-major
+ * values x, with its checksum attribute: the serial writer of tools that
+ * make a checkpoint from other data (zreshard import). Nonzero on failure. */
+int zt_ckpt_format_write_tensor(int64_t f, zt_ckpt_group g, const char *name, int ndim,
+                                const int64_t *shape, const float *x);
+
 /* The state record (the `state` attribute, JSON). */
 typedef struct zt_ckpt_state_rec {
   int64_t epoch, next_sample, samples_per_epoch;
