@@ -1,6 +1,7 @@
-/* hf: see hf.h. The safetensors reading here checks everything a file
- * states (header length, JSON, dtype, shape, offsets against the file's
- * size) before it is used: a folder from elsewhere is input, not trusted. */
+/* hf: see hf.h. Here: the name map, config.json both ways, and the match
+ * of an imported model with a script's; the import itself (safetensors
+ * reading, the checkpoint written) is hf_import.c. A config from
+ * elsewhere is input, not trusted: every field is checked before use. */
 #include "src/ckpt/hf.h"
 
 #include <errno.h>
@@ -144,7 +145,7 @@ static int cfg_num(json_t *o, const char *k, double def, double *v, const char *
   return ZT_OK;
 }
 
-/* A field that must have one value (or be absent when `absent_ok`). */
+/* A string field that, when present, must be `want` (or `alt`). */
 static int cfg_str_is(json_t *o, const char *k, const char *want, const char *alt,
                       const char *where, const char *why, zt_err *e) {
   json_t *x = json_object_get(o, k);
@@ -154,6 +155,7 @@ static int cfg_str_is(json_t *o, const char *k, const char *want, const char *al
                     s ? "\"" : "", s ? s : "not a string", s ? "\"" : "", want, why);
 }
 
+/* A boolean field (def when absent or null) that must be `want` (-1: any). */
 static int cfg_bool_is(json_t *o, const char *k, int want, int def, const char *where,
                        const char *why, zt_err *e) {
   json_t *x = json_object_get(o, k);
