@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ztrain needs that are missing (build, run and,
-# unless --no-test, the test suite's PyTorch/h5py references). Idempotent:
+# unless --no-test, the test suite's PyTorch/h5py references and python3-venv,
+# for tests/ref/venv.sh's transformers). Idempotent:
 # installs nothing when everything is there. Needs root or sudo.
 set -eu
 build=(build-essential cmake ninja-build pkg-config
        openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
        liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev)
-test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch procps)
+test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch python3-venv procps)
 want=("${build[@]}")
 [ "${1:-}" = "--no-test" ] || want+=("${test[@]}")
 
