@@ -12,7 +12,9 @@
 #           directly, equals HF's loss on that batch; three fine-tune steps
 #           from it replay in PyTorch (tests/ref/compare.py: AdamW's moments
 #           start at zero) to 1e-5.
-#   bad     (no transformers needed) HF folders no ztrain model matches:
+#   bad     (no transformers needed) the run's tokenizer file copied into
+#           the export (tokenizer.json, tokenizer.model); HF folders no
+#           ztrain model matches:
 #           exit 2 naming the field, nothing written; a script whose model
 #           differs from the folder's; and one reader of string attributes:
 #           a checkpoint whose attributes h5py rewrote as variable-length
@@ -85,6 +87,7 @@ if [ "$MODE" = import ]; then
   for arch in gpt llama; do
     "$VPY" "$REF/hf_check.py" random $arch r$arch 5 tok.bin 0 4 > hf.txt 2>&1 || { bad "$arch: $(tail -3 hf.txt)"; continue; }
     want=$(sed -n 's/^hf_loss //p' hf.txt)
+    [ $arch = gpt ] || ls r$arch/model.safetensors.index.json > /dev/null || bad "llama was not saved in shards"
     "$R" import r$arch -o r$arch.h5 > out.txt 2>&1 && ok || bad "$arch: import: $(cat out.txt)"
     "$R" verify r$arch.h5 > out.txt 2>&1 && ok || bad "$arch: the import does not verify: $(cat out.txt)"
     for from in r$arch.h5 r$arch; do
@@ -145,6 +148,25 @@ if [ "$MODE" = bad ]; then
   mkdir -p full && touch full/x
   "$R" export gpt.h5 --format hf -o full > out.txt 2>&1
   [ $? = 2 ] && grep -q "exists and is not empty" out.txt && [ "$(ls full)" = x ] && ok || bad "export into a full folder: $(cat out.txt)"
+  # the run's tokenizer (the plan's data.tokenizer) goes with the export
+  echo '{"model": {"type": "BPE"}}' > tok.json
+  printf 'sentencepiece\0bytes' > sp.model
+  for t in tok.json sp.model missing.json; do
+    cp gpt.h5 t.h5
+    $PY -c "
+import h5py, json
+with h5py.File('t.h5', 'r+') as f:
+    p = json.loads(f.attrs['plan']); p['data']['tokenizer'] = '$PWD/$t'
+    del f.attrs['plan']; f.attrs['plan'] = json.dumps(p)"
+    rm -rf t.hf
+    "$R" export t.h5 --format hf -o t.hf > out.txt 2>&1 || bad "export with tokenizer $t: $(cat out.txt)"
+    case $t in
+      tok.json) cmp -s tok.json t.hf/tokenizer.json && ok || bad "tokenizer.json not copied: $(ls t.hf)" ;;
+      sp.model) cmp -s sp.model t.hf/tokenizer.model && ok || bad "tokenizer.model not copied: $(ls t.hf)" ;;
+      *) grep -q "missing.json is not readable here" out.txt && [ "$(ls t.hf)" = "config.json
+model.safetensors" ] && ok || bad "missing tokenizer: $(cat out.txt; ls t.hf)" ;;
+    esac
+  done
   # the script's model must be the folder's
   "$Z" gpt.lua -e 'model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2}' --load gpt.hf --steps 1 > out.txt 2>&1
   [ $? = 2 ] && grep -qF "the script's model has heads = 2, the Hugging Face model has 4" out.txt && ok ||

@@ -7,7 +7,8 @@ the venv of tests/ref/venv.sh (transformers from PyPI on Debian's torch).
       ztrain by the other tests); prints HF's mean loss on the batch.
   hf_check.py random KIND DIR SEED TOKENS STEP GB   a random
       GPT2LMHeadModel or LlamaForCausalLM (every weight, biases and norms
-      too, random), saved with save_pretrained as safetensors; prints its
+      too, random), saved with save_pretrained as safetensors (llama in
+      shards of 50 KB, with model.safetensors.index.json); prints its
       mean loss on batch STEP (as `loss` does).
   hf_check.py loss DIR TOKENS STEP GB           HF's mean loss on batch STEP.
 
@@ -84,7 +85,9 @@ def cmd_random(kind, d, seed, tokens, step, gb):
     with torch.no_grad():
         for n, p in m.named_parameters():
             p.add_(torch.randn_like(p) * (0.1 if p.ndim == 1 else 0.02))
-    m.save_pretrained(d, safe_serialization=True)
+    # llama in shards (model.safetensors.index.json), gpt in one file
+    m.save_pretrained(d, safe_serialization=True,
+                      max_shard_size="50KB" if kind == "llama" else "10GB")
     m.eval()
     x, y = batch(tokens, 16, step, gb)
     print(f"hf_loss {hf_loss(m, x, y)[1]:.9g}")
