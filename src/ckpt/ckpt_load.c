@@ -33,7 +33,7 @@ static int read_header(hid_t f, const char *path, long long *step, long long *ve
   if (H5Aexists(f, ZT_CKPT_ATTR_FORMAT) < 0) /* damage, not another kind of file */
     return zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root attributes are unreadable "
                       "(damaged?)", path);
-  int rc = zt_h5_attr_str(f, ZT_CKPT_ATTR_FORMAT, path, 64, &fmt, e);
+  int rc = zt_h5_attr_str(f, ZT_CKPT_ATTR_FORMAT, path, ZT_CKPT_MAX_TEXT, &fmt, e);
   if (rc) return rc;
   int is_ckpt = fmt && !strcmp(fmt, ZT_CKPT_FORMAT);
   free(fmt);
@@ -205,7 +205,7 @@ static int read_state(hid_t f, long long step, zt_ckpt_state_rec *r, const char 
   memset(r, 0, sizeof *r);
   zt_err ignored = {0};
   *bad = ZT_CKPT_ATTR_STATE;
-  if (zt_h5_attr_str(f, ZT_CKPT_ATTR_STATE, "", 1 << 20, &txt, &ignored)) return -1;
+  if (zt_h5_attr_str(f, ZT_CKPT_ATTR_STATE, "", ZT_CKPT_MAX_TEXT, &txt, &ignored)) return -1;
   if (!txt) return 0;
   int rc = zt_ckpt_format_parse_state(txt, step, r, bad);
   free(txt);

@@ -24,6 +24,9 @@
 #define ZT_CKPT_ATTR_STATE "state"
 #define ZT_CKPT_ATTR_CHECKSUM "checksum" /* on each tensor */
 #define ZT_CKPT_SCRIPT "/script"
+/* The most bytes a string attribute or the script may hold, for every
+ * reader alike (the trainer's loader and the tools). */
+#define ZT_CKPT_MAX_TEXT (64 << 20)
 
 /* The tensor groups, in file order. Training state `which` 0..2 (weights,
  * AdamW's two moments) is group `which`. */
