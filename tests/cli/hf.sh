@@ -12,7 +12,9 @@
 #           directly, equals HF's loss on that batch; three fine-tune steps
 #           from it replay in PyTorch (tests/ref/compare.py: AdamW's moments
 #           start at zero) to 1e-5.
-#   bad     (no transformers needed) the run's tokenizer file copied into
+#   offline (no transformers needed) export then import gives the same
+#           tensors (F32 bitwise, BF16 rounded to nearest even); the run's
+#           tokenizer file copied into
 #           the export (tokenizer.json, tokenizer.model); HF folders no
 #           ztrain model matches:
 #           exit 2 naming the field, nothing written; a script whose model
@@ -21,7 +23,7 @@
 #           strings loads in ztrain and zreshard alike, and one that holds
 #           an array is refused by both with the same message.
 # A missing venv fails the test (bash tests/ref/venv.sh makes it; CI does).
-# Usage: hf.sh export|import|bad ZTRAIN ZRESHARD
+# Usage: hf.sh export|import|offline ZTRAIN ZRESHARD
 set -u
 MODE=$1
 Z=$(realpath "$2")
@@ -37,7 +39,7 @@ fail=0
 ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
-if [ "$MODE" != bad ] && ! "$VPY" -c "import transformers" 2> /dev/null; then
+if [ "$MODE" != offline ] && ! "$VPY" -c "import transformers" 2> /dev/null; then
   echo "FAIL: no transformers in $VPY: run bash tests/ref/venv.sh transformers==4.39.3"
   exit 1
 fi
@@ -105,9 +107,27 @@ if [ "$MODE" = import ]; then
   done
 fi
 
-if [ "$MODE" = bad ]; then
+if [ "$MODE" = offline ]; then
   "$Z" gpt.lua --save gpt.h5 > /dev/null && "$Z" llama.lua --save llama.h5 > /dev/null || bad "train"
   "$R" export gpt.h5 --format hf -o gpt.hf > /dev/null && "$R" export llama.h5 --format hf -o llama.hf > /dev/null || bad "export"
+  # round trips: F32 exactly (names and transposes undone), BF16 as the
+  # values rounded to nearest even
+  for arch in gpt llama; do
+    "$R" export $arch.h5 --format hf --dtype bf16 -o $arch.b16 > /dev/null || bad "$arch: bf16 export"
+    "$R" import $arch.hf -o $arch.back.h5 > /dev/null && "$R" import $arch.b16 -o $arch.b16.h5 > /dev/null || bad "$arch: import"
+    $PY -c "
+import h5py, numpy as np, sys
+def bf16(x):
+    u = x.astype('<f4').view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view('<f4')
+a, b, c = (h5py.File(p, 'r')['model'] for p in ('$arch.h5', '$arch.back.h5', '$arch.b16.h5'))
+assert sorted(a) == sorted(b) == sorted(c), (sorted(a), sorted(b))
+for n in a:
+    x = a[n][()]
+    assert np.array_equal(x, b[n][()]), n + ': f32 round trip differs'
+    assert np.array_equal(bf16(x), c[n][()]), n + ': bf16 round trip differs'
+" > rt.txt 2>&1 && ok || bad "$arch round trip: $(tail -2 rt.txt)"
+  done
   # case NAME SRC JSON-EDIT PATTERN: a copy of SRC's folder whose config
   # the Python statement changes (c is the config) must be refused
   case_() {
