@@ -93,7 +93,11 @@ static int st_add_file(st_set *s, const char *path, zt_err *e) {
     return zt_err_set(e, ZT_EINPUT, "%s: its safetensors header is not a JSON object", path);
   }
   int file = s->nfiles;
-  s->files[s->nfiles++] = strdup(path);
+  if (!(s->files[file] = strdup(path))) {
+    json_decref(o);
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  }
+  s->nfiles++;
   long long data = 8 + (long long)hlen, size = (long long)st.st_size - data;
   const char *key;
   json_t *v;

@@ -106,7 +106,14 @@ static int write_weights(const args *a, const zt_ckpt_file *cf, const zt_ckpt_re
   return rc;
 }
 
-int zt_zreshard_export_hf(const args *a, zt_err *e) {
+int zt_zreshard_export_hf(const args *given, zt_err *e) {
+  /* "-o out/" names the folder out: its temporary is out.tmp.PID beside
+   * it, not inside */
+  args a_ = *given, *a = &a_;
+  char out[4096];
+  snprintf(out, sizeof out, "%s", given->out);
+  for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0;
+  a->out = out;
   zt_ckpt_file cf;
   zt_ckpt_record rec;
   int rc = zt_fs_check_writable("-o", a->out, e);

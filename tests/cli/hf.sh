@@ -165,6 +165,8 @@ for n in a:
   [ $? = 2 ] && grep -q "do not fit the file" out.txt && [ ! -e out.h5 ] && ok || bad "truncated: $(cat out.txt)"
   "$R" import gpt.h5 -o out.h5 > out.txt 2>&1
   [ $? = 2 ] && grep -q "is not a folder" out.txt && ok || bad "import of a file: $(cat out.txt)"
+  "$R" export gpt.h5 --format hf -o slash/ > out.txt 2>&1 && [ -e slash/config.json ] && ! ls -d slash/.tmp* slash.tmp* 2> /dev/null &&
+    ok || bad "export -o DIR/: $(cat out.txt)"
   mkdir -p full && touch full/x
   "$R" export gpt.h5 --format hf -o full > out.txt 2>&1
   [ $? = 2 ] && grep -q "exists and is not empty" out.txt && [ "$(ls full)" = x ] && ok || bad "export into a full folder: $(cat out.txt)"
