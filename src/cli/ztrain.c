@@ -21,6 +21,7 @@
 #include "src/cli/ztrain_report.h"
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/h5util.h"
+#include "src/ckpt/hf.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/core/timer.h"
@@ -51,7 +52,8 @@ static const char usage[] =
     "  -e STMT          run a Lua statement after the script (repeatable),\n"
     "                   e.g. -e 'train.steps = 10'\n"
     "      --steps N    total optimizer steps (sets train.steps)\n"
-    "      --load PATH  start from this checkpoint (weights, optimizer, step)\n"
+    "      --load PATH  start from this checkpoint (weights, optimizer, step), or\n"
+    "                   from a Hugging Face GPT-2/LLaMA folder (weights only)\n"
     "      --resume auto  start from the newest checkpoint in checkpoint.dir that\n"
     "                   loads (skipping damaged ones), or from scratch if none\n"
     "      --save PATH  write a checkpoint when training ends\n"
@@ -112,6 +114,24 @@ typedef struct {
 } cli_args;
 
 static int agree(zt_comm *world, int rc, zt_err *e) { return zt_comm_agree(world, rc, e); }
+
+/* --load DIR, a Hugging Face model folder: rank 0 imports it into a
+ * temporary checkpoint in $TMPDIR (a folder every rank must see) that all
+ * ranks then load; the script's model must be the folder's. */
+static int load_hf(const char *dir, const zt_model_cfg *want, zt_comm *world, char *path,
+                   size_t n, zt_err *e) {
+  int rc = ZT_OK;
+  if (world->rank == 0) {
+    const char *t = getenv("TMPDIR");
+    snprintf(path, n, "%s/ztrain-hf-%d.h5", t && *t ? t : "/tmp", (int)getpid());
+    zt_model_cfg have;
+    rc = zt_hf_import(dir, path, &have, e);
+    if (!rc && (rc = zt_hf_cfg_match(&have, want, dir, e))) unlink(path);
+  }
+  rc = agree(world, rc, e);
+  if (!rc) zt_comm_bcast(world, path, n, ZT_U8, 0);
+  return rc;
+}
 
 static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   static const struct option longopts[] = {
@@ -423,7 +443,11 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                       .script_text = plan.script_text,
                       .global_batch = plan.train.global_batch, .samples = train_tok.samples,
                       .seed = plan.train.seed};
-  if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
+  char hf_ckpt[4200] = "";
+  if (!rc && a->load && zt_hf_is_dir(a->load))
+    rc = load_hf(a->load, &plan.model, world, hf_ckpt, sizeof hf_ckpt, e);
+  if (!rc && a->load) rc = timed_ckpt(0, *hf_ckpt ? hf_ckpt : a->load, &cs, e);
+  if (*hf_ckpt && rank0) unlink(hf_ckpt);
   if (!rc && a->resume) {
     char used[4096];
     rc = zt_ckpt_dir_resume(plan.ckpt.dir, &cs, used, sizeof used, e);
