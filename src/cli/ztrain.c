@@ -29,6 +29,7 @@
 #include "src/data/data.h"
 #include "src/train/report.h"
 #include "src/train/trainer.h"
+#include "src/cli/ztrain_infer.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "dev"
@@ -39,6 +40,9 @@ static const char usage[] =
     "       ztrain tokenize INPUT.txt OUTPUT.bin [--val VAL.bin] [--val-fraction F]\n"
     "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
     "                       SCRIPT.lua\n"
+    "       ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
+    "       ztrain sample SCRIPT.lua --load CKPT --prompt TEXT [--tokens N]\n"
+    "                     [--temperature T] [--top-k K] [--seed S] [--ids]\n"
     "       ztrain report RUN_DIR|METRICS.jsonl [-o REPORT.html] [--log-loss]\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
@@ -65,6 +69,11 @@ static const char usage[] =
     "      --script-memory MIB  memory budget of the same (default 1024)\n"
     "  -h, --help       show this help and exit\n"
     "  -V, --version    show the version and exit\n"
+    "\n"
+    "eval: val_loss and perplexity of a checkpoint on data.val (data.val_batches\n"
+    "batches), under mpirun in any layout, as training evaluates.\n"
+    "sample: generates text from a checkpoint on one process (KV cache);\n"
+    "ztrain eval --help and ztrain sample --help list their options.\n"
     "\n"
     "schedule: checks the script's pipeline schedule and partition without\n"
     "training (no mpirun needed): simulated bubble, peak in-flight micro-batches\n"
@@ -348,7 +357,7 @@ static int write_trace(const char *path, zt_comm *world, double origin, zt_err *
  * index among its node's ranks (SLURM_LOCALID where Slurm says it): one
  * rank per GPU, so a node with more ranks than GPUs is refused. "auto"
  * takes the GPU where every rank of the node has one, else the CPU. */
-static int pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
+int zt_cli_pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
   const char *tb = getenv("ZT_TEST_BACKEND"); /* test hook: device memory the host */
   if (tb && !strcmp(tb, "remote")) {          /* cannot address, as on a GPU */
     *be = zt_backend_remote();
@@ -395,7 +404,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
   /* this rank knows the run's timeout now: the agreement below is watched by it */
   if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
-  if (!rc) rc = pick_backend(plan.parallel.device, &be, e);
+  if (!rc) rc = zt_cli_pick_backend(plan.parallel.device, &be, e);
   if (!rc) zt_comm_set_device(be);
   if (!rc && !be->has_dtype(plan.train.precision))
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
@@ -518,6 +527,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "tokenize")) return tokenize_main(argc, argv);
   if (argc > 1 && !strcmp(argv[1], "schedule")) return schedule_main(argc, argv);
+  if (argc > 1 && (!strcmp(argv[1], "eval") || !strcmp(argv[1], "sample")))
+    return zt_infer_main(argc, argv);
   if (argc > 1 && !strcmp(argv[1], "report")) return zt_runreport_main(argc - 1, argv + 1);
   cli_args a;
   zt_err e = {0};
