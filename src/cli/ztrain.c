@@ -18,8 +18,10 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
+#include "src/cli/ztrain_report.h"
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/h5util.h"
+#include "src/ckpt/hf.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/core/timer.h"
@@ -28,6 +30,7 @@
 #include "src/data/tokenize.h"
 #include "src/train/report.h"
 #include "src/train/trainer.h"
+#include "src/cli/ztrain_infer.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "dev"
@@ -39,6 +42,10 @@ static const char usage[] =
     "                       [--tokenizer-out PATH]] [--val VAL.bin] [--val-fraction F]\n"
     "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
     "                       SCRIPT.lua\n"
+    "       ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
+    "       ztrain sample SCRIPT.lua --load CKPT --prompt TEXT [--tokens N]\n"
+    "                     [--temperature T] [--top-k K] [--seed S] [--ids]\n"
+    "       ztrain report RUN_DIR|METRICS.jsonl [-o REPORT.html] [--log-loss]\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
     "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
@@ -47,7 +54,8 @@ static const char usage[] =
     "  -e STMT          run a Lua statement after the script (repeatable),\n"
     "                   e.g. -e 'train.steps = 10'\n"
     "      --steps N    total optimizer steps (sets train.steps)\n"
-    "      --load PATH  start from this checkpoint (weights, optimizer, step)\n"
+    "      --load PATH  start from this checkpoint (weights, optimizer, step), or\n"
+    "                   from a Hugging Face GPT-2/LLaMA folder (weights only)\n"
     "      --resume auto  start from the newest checkpoint in checkpoint.dir that\n"
     "                   loads (skipping damaged ones), or from scratch if none\n"
     "      --save PATH  write a checkpoint when training ends\n"
@@ -64,9 +72,17 @@ static const char usage[] =
     "  -h, --help       show this help and exit\n"
     "  -V, --version    show the version and exit\n"
     "\n"
+    "eval: val_loss and perplexity of a checkpoint on data.val (data.val_batches\n"
+    "batches), under mpirun in any layout, as training evaluates.\n"
+    "sample: generates text from a checkpoint on one process (KV cache);\n"
+    "ztrain eval --help and ztrain sample --help list their options.\n"
+    "\n"
     "schedule: checks the script's pipeline schedule and partition without\n"
     "training (no mpirun needed): simulated bubble, peak in-flight micro-batches\n"
     "per stage and a timeline of all stages.\n"
+    "\n"
+    "report: draws a run's --metrics as one HTML page of plots (no network\n"
+    "needed to view it); ztrain report --help says more.\n"
     "\n"
     "tokenize: turns text files into a token file (ztrain's format). Without\n"
     "--tokenizer each byte is one token (vocab 256); --tokenizer takes a Hugging\n"
@@ -106,6 +122,24 @@ typedef struct {
 } cli_args;
 
 static int agree(zt_comm *world, int rc, zt_err *e) { return zt_comm_agree(world, rc, e); }
+
+/* --load DIR, a Hugging Face model folder: rank 0 imports it into a
+ * temporary checkpoint in $TMPDIR (a folder every rank must see) that all
+ * ranks then load; the script's model must be the folder's. */
+static int load_hf(const char *dir, const zt_model_cfg *want, zt_comm *world, char *path,
+                   size_t n, zt_err *e) {
+  int rc = ZT_OK;
+  if (world->rank == 0) {
+    const char *t = getenv("TMPDIR");
+    snprintf(path, n, "%s/ztrain-hf-%d.h5", t && *t ? t : "/tmp", (int)getpid());
+    zt_model_cfg have;
+    rc = zt_hf_import(dir, path, &have, e);
+    if (!rc && (rc = zt_hf_cfg_match(&have, want, dir, e))) unlink(path);
+  }
+  rc = agree(world, rc, e);
+  if (!rc) zt_comm_bcast(world, path, n, ZT_U8, 0);
+  return rc;
+}
 
 static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   static const struct option longopts[] = {
@@ -362,7 +396,7 @@ static int write_trace(const char *path, zt_comm *world, double origin, zt_err *
  * index among its node's ranks (SLURM_LOCALID where Slurm says it): one
  * rank per GPU, so a node with more ranks than GPUs is refused. "auto"
  * takes the GPU where every rank of the node has one, else the CPU. */
-static int pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
+int zt_cli_pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
   const char *tb = getenv("ZT_TEST_BACKEND"); /* test hook: device memory the host */
   if (tb && !strcmp(tb, "remote")) {          /* cannot address, as on a GPU */
     *be = zt_backend_remote();
@@ -409,7 +443,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
   /* this rank knows the run's timeout now: the agreement below is watched by it */
   if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
-  if (!rc) rc = pick_backend(plan.parallel.device, &be, e);
+  if (!rc) rc = zt_cli_pick_backend(plan.parallel.device, &be, e);
   if (!rc) zt_comm_set_device(be);
   if (!rc && !be->has_dtype(plan.train.precision))
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
@@ -448,7 +482,11 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                       .script_text = plan.script_text,
                       .global_batch = plan.train.global_batch, .samples = train_tok.samples,
                       .seed = plan.train.seed};
-  if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
+  char hf_ckpt[4200] = "";
+  if (!rc && a->load && zt_hf_is_dir(a->load))
+    rc = load_hf(a->load, &plan.model, world, hf_ckpt, sizeof hf_ckpt, e);
+  if (!rc && a->load) rc = timed_ckpt(0, *hf_ckpt ? hf_ckpt : a->load, &cs, e);
+  if (*hf_ckpt && rank0) unlink(hf_ckpt);
   if (!rc && a->resume) {
     char used[4096];
     rc = zt_ckpt_dir_resume(plan.ckpt.dir, &cs, used, sizeof used, e);
@@ -528,6 +566,9 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "tokenize")) return tokenize_main(argc, argv);
   if (argc > 1 && !strcmp(argv[1], "schedule")) return schedule_main(argc, argv);
+  if (argc > 1 && (!strcmp(argv[1], "eval") || !strcmp(argv[1], "sample")))
+    return zt_infer_main(argc, argv);
+  if (argc > 1 && !strcmp(argv[1], "report")) return zt_runreport_main(argc - 1, argv + 1);
   cli_args a;
   zt_err e = {0};
   /* getopt reorders argv; a restart with other GEMM kernels gets it as given */
