@@ -279,6 +279,11 @@ static int read_model(zt_bpe *b, json_t *model, json_t *addl, const char *path, 
         return refuse(e, path, "added_tokens[].", opts[k]);
     if (json_integer_value(id) > top) top = json_integer_value(id);
   }
+  /* ids index tables: a sparse one (a hostile file) must not cost gigabytes */
+  size_t entries = json_object_size(vocab) + json_array_size(addl);
+  if ((size_t)top >= 2 * entries + 65536)
+    return zt_err_set(e, ZT_EINPUT, "tokenizer %s: id %lld is far beyond its %zu entries", path,
+                      (long long)top, entries);
   b->vocab = (int)top + 1;
   b->tok = calloc((size_t)b->vocab, sizeof *b->tok);
   b->toklen = calloc((size_t)b->vocab, sizeof *b->toklen);

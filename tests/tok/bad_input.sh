@@ -64,6 +64,8 @@ bl = {"type": "ByteLevel"}
 json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": ["\u0120 x"]}, "pre_tokenizer": bl},
           open("badmerge.json", "w"))
 json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []}}, open("nobytelevel.json", "w"))
+json.dump({"model": {"type": "BPE", "vocab": dict(vocab, far=900000000), "merges": []},
+           "pre_tokenizer": bl}, open("sparse.json", "w"))
 json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "pre_tokenizer": {
     "type": "Sequence", "pretokenizers": [bl, {"type": "Split", "pattern": {"String": "x"},
                                               "behavior": "Isolated"}]}}, open("bytelevelfirst.json", "w"))
@@ -82,6 +84,7 @@ bad broken-json "not valid JSON" -- tokenize text.txt out.bin --tokenizer broken
 bad normalizer "normalizer NFC is not supported" -- tokenize text.txt out.bin --tokenizer nfc.json
 bad not-byte-level "no entry for byte 0x00" -- tokenize text.txt out.bin --tokenizer notbytes.json
 bad bad-merge 'merges\[0\].*not in model.vocab' -- tokenize text.txt out.bin --tokenizer badmerge.json
+bad sparse-ids "id 900000000 is far beyond its 258 entries" -- tokenize text.txt out.bin --tokenizer sparse.json
 bad no-byte-level "pre_tokenizer without ByteLevel (not byte-level BPE) is not supported" -- \
   tokenize text.txt out.bin --tokenizer nobytelevel.json
 bad byte-level-first "pre_tokenizer that does not end with ByteLevel" -- \
