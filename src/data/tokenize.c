@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "src/ckpt/h5util.h" /* zt_fs_check_writable */
 #include "src/core/timer.h"
 #include "src/data/data.h"
 #include "src/data/tok_impl.h"
@@ -138,8 +139,22 @@ int zt_tokenize(const zt_tokenize_opts *o, zt_tokenize_result *r, zt_err *e) {
     return zt_err_set(e, ZT_EINPUT, "--train-vocab trains a tokenizer, --tokenizer names one: "
                       "give one of them");
   int byte = !o->train_vocab && (!o->tokenizer || !strcmp(o->tokenizer, "byte"));
+  /* every output's folder before any work: training may take a while */
+  char model[4096] = "", tmp[4200] = "";
+  if (o->train_vocab) {
+    if (o->tokenizer_out) snprintf(model, sizeof model, "%s", o->tokenizer_out);
+    else {
+      char dir[4096];
+      snprintf(dir, sizeof dir, "%s", o->out);
+      snprintf(model, sizeof model, "%s/tokenizer.model", dirname(dir));
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", model, (int)getpid());
+  }
+  int rc = zt_fs_check_writable("OUTPUT", o->out, e);
+  if (!rc && o->val) rc = zt_fs_check_writable("--val", o->val, e);
+  if (!rc && *model) rc = zt_fs_check_writable("--tokenizer-out", model, e);
   zt_tok *t = NULL;
-  int rc = o->train_vocab ? ZT_OK : zt_tok_open(&t, o->tokenizer, e);
+  if (!rc && !o->train_vocab) rc = zt_tok_open(&t, o->tokenizer, e);
   input *in = calloc((size_t)o->ninputs + 1, sizeof *in);
   if (!rc && !in) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   for (int i = 0; i < o->ninputs && !rc; i++) {
@@ -151,15 +166,7 @@ int zt_tokenize(const zt_tokenize_opts *o, zt_tokenize_result *r, zt_err *e) {
                       o->inputs[i], (unsigned char)in[i].text[bad], bad);
   }
   /* a trained model goes to a temporary name, renamed once the tokens are written */
-  char model[4096] = "", tmp[4200] = "";
   if (!rc && o->train_vocab) {
-    if (o->tokenizer_out) snprintf(model, sizeof model, "%s", o->tokenizer_out);
-    else {
-      char dir[4096];
-      snprintf(dir, sizeof dir, "%s", o->out);
-      snprintf(model, sizeof model, "%s/tokenizer.model", dirname(dir));
-    }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", model, (int)getpid());
     const char **texts = malloc(((size_t)o->ninputs + 1) * sizeof *texts);
     size_t *lens = malloc(((size_t)o->ninputs + 1) * sizeof *lens);
     for (int i = 0; texts && lens && i < o->ninputs; i++) texts[i] = in[i].text, lens[i] = in[i].len;

@@ -100,6 +100,9 @@ bad train-too-small "training the vocabulary: Vocabulary size is smaller than re
 bad train-and-tokenizer "give one of them" -- tokenize text.txt out.bin --train-vocab 300 --tokenizer tok.json
 bad train-vocab-nan "--train-vocab needs" -- tokenize text.txt out.bin --train-vocab lots
 bad tokenizer-out-alone "give --train-vocab" -- tokenize text.txt out.bin --tokenizer-out m.model
+bad unwritable-out "OUTPUT nodir/out.bin: cannot write to folder nodir" -- tokenize text.txt nodir/out.bin
+bad unwritable-model "--tokenizer-out nodir/m.model: cannot write to folder nodir" -- \
+  tokenize text.txt out.bin --train-vocab 300 --tokenizer-out nodir/m.model
 bad val-fraction "--val-fraction must be in (0, 1)" -- tokenize text.txt out.bin --val val.bin --val-fraction 2
 
 # what is fine: any bytes for the byte tokenizer, the minimal tokenizer.json
