@@ -37,6 +37,12 @@ TEST_TEXT = (
     "Code: for (int i = 0; i < n; i++) { x += a[i] * 2; } // done\n"
     "MIXED case WORDS and 'quotes' \"double\" ... --- ___ ***\n"
     "\r\nWindows line\r\nend \u00a0nbsp\u3000ideographic space\n"
+    # the edges of \p{N} and \p{L} (superscript, fraction, Arabic-Indic digit,
+    # combining acute, Roman numeral, titlecase, modifier, Thai, Devanagari,
+    # Hebrew points), then of \s: NEL, vertical tab, form feed, line and paragraph separators
+    # (whitespace); Mongolian vowel separator, zero-width space, BOM (not)
+    "x\u00b2\u00bd\u0663 e\u0301 \u216b \u01c5 \u02b0 \u0e01\u0e34 \u0915\u094d\u0937 \u05d0\u05b7\n"
+    "a\u0085b \u000bc\u000c d\u2028e\u2029 f\u180eg\u200bh\ufeffi \u2009thin\u205fmath\n"
     # long pieces, which take the heap path (over 32 bytes)
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa "
     "thethethethethethethethethethethethethethethethethethethe 12341234123412341234123412341234123412341234 "
