@@ -364,8 +364,9 @@ static int read_model(zt_bpe *b, json_t *model, json_t *addl, const char *path, 
     memcpy(a->s, json_string_value(c), a->len + 1);
     a->id = (uint32_t)json_integer_value(json_object_get(it, "id"));
     b->add_first[(unsigned char)a->s[0]] = 1;
-    if (!b->tok[a->id]) {
-      b->tok[a->id] = strdup(a->s);
+    if (!b->tok[a->id]) { /* content may hold a NUL: copied by length */
+      if (!(b->tok[a->id] = malloc(a->len + 1))) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+      memcpy(b->tok[a->id], a->s, a->len + 1);
       b->toklen[a->id] = (uint32_t)a->len;
     }
   }
