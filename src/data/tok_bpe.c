@@ -9,14 +9,17 @@
  * syntax; each piece's bytes are then merged pair by pair in merge-rank
  * order. Vocabulary entries are kept as raw bytes (GPT-2's byte-to-unicode
  * map undone at load), so a piece never has to be re-encoded as unicode.
- * Anything else a tokenizer.json can say (normalizers, other models,
- * dropout, prefixes) is refused with the field's name rather than guessed. */
+ * Unicode normalizers (NFC as Qwen2 has, NFD, NFKC, NFKD) run on each
+ * stretch through utf8proc. Anything else a tokenizer.json can say (other
+ * normalizers and models, dropout, prefixes) is refused with the field's
+ * name rather than guessed. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 #include <xxhash.h>
 
 #include "src/data/tok_impl.h"
@@ -63,6 +66,8 @@ typedef struct {
 
 struct zt_bpe {
   cache_entry *cache;
+  utf8proc_option_t norm[4]; /* normalizers, applied in order */
+  int nnorm;
   int vocab, eos, ignore_merges;
   char **tok; /* id -> bytes (NULL: no such id) */
   uint32_t *toklen;
@@ -221,6 +226,32 @@ static int read_pretok(zt_bpe *b, json_t *pt, const char *path, zt_err *e) {
     return compile(&s->re, json_string_value(p), json_string_length(p), !rx, path, e);
   }
   return refuse(e, path, "pre_tokenizer type", type);
+}
+
+/* A Unicode normalizer, or a Sequence of them, as utf8proc options. */
+static int read_norm(zt_bpe *b, json_t *n, const char *path, zt_err *e) {
+  const char *type = json_string_value(json_object_get(n, "type"));
+  if (type && !strcmp(type, "Sequence")) {
+    json_t *it;
+    size_t i;
+    json_array_foreach(json_object_get(n, "normalizers"), i, it) {
+      int rc = read_norm(b, it, path, e);
+      if (rc) return rc;
+    }
+    return ZT_OK;
+  }
+  static const char *const names[] = {"NFC", "NFD", "NFKC", "NFKD"};
+  static const utf8proc_option_t opts[] = {
+      UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
+      UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+      UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+  for (int k = 0; type && k < 4; k++)
+    if (!strcmp(type, names[k])) {
+      if (b->nnorm == 4) return refuse(e, path, "normalizer", "with more than 4 steps");
+      b->norm[b->nnorm++] = opts[k];
+      return ZT_OK;
+    }
+  return refuse(e, path, "normalizer", type ? type : "(untyped)");
 }
 
 /* "a b" (tokenizers < 0.20) or ["a", "b"] (newer). */
@@ -391,10 +422,7 @@ int zt_bpe_load(zt_bpe **out, const char *path, zt_err *e) {
   if (!rc && !json_is_object(model))
     rc = zt_err_set(e, ZT_EINPUT, "tokenizer %s: JSON without a \"model\": not a Hugging Face "
                     "tokenizer.json", path);
-  if (!rc && norm && !json_is_null(norm))
-    rc = refuse(e, path, "normalizer", json_string_value(json_object_get(norm, "type"))
-                                                 ? json_string_value(json_object_get(norm, "type"))
-                                                 : "(untyped)");
+  if (!rc && norm && !json_is_null(norm)) rc = read_norm(b, norm, path, e);
   if (!rc && pt && !json_is_null(pt)) rc = read_pretok(b, pt, path, e);
   if (!rc && addl && !json_is_array(addl)) rc = refuse(e, path, "added_tokens", "that is not an array");
   if (!rc) rc = read_model(b, model, addl, path, e);
@@ -635,13 +663,32 @@ static const added *added_at(const zt_bpe *b, const char *s, size_t n) {
   return best;
 }
 
+/* A stretch through the normalizers, then pre-tokenized and merged. */
+static int normalize_stretch(zt_bpe *b, const char *s, size_t n, zt_ids *out, zt_err *e) {
+  if (!b->nnorm) return encode_stretch(b, s, n, out, e);
+  utf8proc_uint8_t *cur = NULL;
+  utf8proc_ssize_t len = (utf8proc_ssize_t)n;
+  for (int k = 0; k < b->nnorm; k++) {
+    utf8proc_uint8_t *next = NULL;
+    len = utf8proc_map(cur ? cur : (const utf8proc_uint8_t *)s, len, &next, b->norm[k]);
+    free(cur);
+    cur = next;
+    if (len < 0)
+      return zt_err_set(e, len == UTF8PROC_ERROR_NOMEM ? ZT_ERUNTIME : ZT_EINPUT,
+                        "normalizing the text: %s", utf8proc_errmsg(len));
+  }
+  int rc = len ? encode_stretch(b, (const char *)cur, (size_t)len, out, e) : ZT_OK;
+  free(cur);
+  return rc;
+}
+
 int zt_bpe_encode(zt_bpe *b, const char *text, size_t n, zt_ids *out, zt_err *e) {
   size_t from = 0;
   for (size_t i = 0; i <= n; i++) {
     const added *a = i < n && b->add_first[(unsigned char)text[i]] ? added_at(b, text + i, n - i) : NULL;
     if (!a && i < n) continue;
     if (i > from) {
-      int rc = encode_stretch(b, text + from, i - from, out, e);
+      int rc = normalize_stretch(b, text + from, i - from, out, e);
       if (rc) return rc;
     }
     if (!a) break;

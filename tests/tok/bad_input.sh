@@ -44,7 +44,7 @@ printf 'hello, I am not a tokenizer\n' > notatok.txt
 printf '{ "model": { "type": "WordPiece", "vocab": {} } }' > wordpiece.json
 printf '{ "version": "1.0", "vocab": {} }' > nomodel.json
 printf '{ "model": ' > broken.json
-printf '{ "normalizer": { "type": "NFC" }, "model": { "type": "BPE", "vocab": {}, "merges": [] } }' > nfc.json
+printf '{ "normalizer": { "type": "Lowercase" }, "model": { "type": "BPE", "vocab": {}, "merges": [] } }' > lower.json
 printf '{ "model": { "type": "BPE", "vocab": { "a": 0 }, "merges": [] } }' > notbytes.json
 # a minimal byte-level tokenizer.json: the 256 byte characters, one merge
 /usr/bin/python3 - << 'EOF'
@@ -81,7 +81,7 @@ bad directory "tokenizer \.: cannot read it: Is a directory" -- tokenize text.tx
 bad wordpiece "model.type WordPiece is not supported" -- tokenize text.txt out.bin --tokenizer wordpiece.json
 bad no-model 'without a "model"' -- tokenize text.txt out.bin --tokenizer nomodel.json
 bad broken-json "not valid JSON" -- tokenize text.txt out.bin --tokenizer broken.json
-bad normalizer "normalizer NFC is not supported" -- tokenize text.txt out.bin --tokenizer nfc.json
+bad normalizer "normalizer Lowercase is not supported" -- tokenize text.txt out.bin --tokenizer lower.json
 bad not-byte-level "no entry for byte 0x00" -- tokenize text.txt out.bin --tokenizer notbytes.json
 bad bad-merge 'merges\[0\].*not in model.vocab' -- tokenize text.txt out.bin --tokenizer badmerge.json
 bad sparse-ids "id 900000000 is far beyond its 258 entries" -- tokenize text.txt out.bin --tokenizer sparse.json

@@ -116,9 +116,11 @@ def check(name, got, want):
 
 
 def hf(tmp):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    qwen2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
     kinds = {
         "gpt2": (pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"]),
         "gpt2-prefix-space": (pre_tokenizers.ByteLevel(add_prefix_space=True), ["<|endoftext|>"]),
@@ -126,6 +128,11 @@ def hf(tmp):
             pre_tokenizers.Split(Regex(llama3), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
             ["<|begin_of_text|>", "<|end_of_text|>"]),  # <|endoftext|> is plain text here
+        # Qwen2's kind: a Unicode normalizer before the split (NFKC too)
+        "nfc": (pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(qwen2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), ["<|endoftext|>"]),
+        "nfkc": (pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"]),
     }
     train_txt = os.path.join(tmp, "train.txt")
     with open(train_txt, "w") as f:
@@ -138,6 +145,8 @@ def hf(tmp):
         f.write((corpus(50000, 2) + TEST_TEXT) * 2)
     for name, (pre, special) in kinds.items():
         tok = Tokenizer(models.BPE())
+        if name in ("nfc", "nfkc"):
+            tok.normalizer = normalizers.NFC() if name == "nfc" else normalizers.NFKC()
         tok.pre_tokenizer = pre
         tok.decoder = decoders.ByteLevel()
         tok.train([train_txt], trainers.BpeTrainer(
@@ -160,8 +169,12 @@ def hf(tmp):
         assert kind == "hf-bpe", kind
         want = tok.encode(TEST_TEXT, add_special_tokens=False).ids
         same(f"{name} tokenizer.h", ids, want)
-        # a prefix space stays in the decoded text, in HF's decoder too
-        check(f"{name} decode", back, TEST_TEXT if "prefix" not in name else tok.decode(want, skip_special_tokens=False))
+        # a prefix space stays in the decoded text, in HF's decoder too, and
+        # normalized text is what comes back
+        plain = "prefix" not in name and name not in ("nfc", "nfkc")
+        check(f"{name} decode", back, TEST_TEXT if plain else tok.decode(want, skip_special_tokens=False))
+        if not plain:
+            assert back != TEST_TEXT, f"{name}: nothing normalized or prefixed"
         ids_all = list(tok.get_vocab().values())
         assert vocab == max(ids_all) + 1, (vocab, max(ids_all), len(ids_all), tok.get_vocab_size())
         # the CLI: several inputs, end-of-text after each, u16
@@ -172,7 +185,7 @@ def hf(tmp):
         same(f"{name} ztrain tokenize", got, (want + [eot]) * 2)
         assert hdr_vocab == vocab, (hdr_vocab, vocab)
         assert f"wrote {len(got)} tokens (vocab {vocab}, tokenizer hf-bpe {path})" in p.stdout, p.stdout
-        if name != "gpt2-prefix-space":
+        if name in ("gpt2", "llama3", "nfc"):
             os.environ["ZT_TEST_TOKENIZE_PIECE"] = "65536"
             p = run(ZTRAIN, "tokenize", big_txt, out, "--tokenizer", path)
             del os.environ["ZT_TEST_TOKENIZE_PIECE"]
