@@ -357,7 +357,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
-  zt_tokens train_tok = {0}, val_tok = {0};
+  zt_data train_data = {0}, val_data = {0};
   zt_model model = {0};
   zt_trainer tr = {0};
   zt_report rep = {0};
@@ -377,11 +377,12 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                     zt_dtype_name(plan.train.precision));
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
-  if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
-                               plan.model.seq, plan.model.vocab, e);
-  if (!rc && plan.data.val)
-    rc = zt_tokens_open(&val_tok, plan.data.val, plan.data.token_bytes,
-                        plan.model.seq, plan.model.vocab, e);
+  if (!rc) rc = zt_data_open(&train_data, &plan.data.train_spec, plan.data.token_bytes,
+                             plan.model.seq, plan.model.vocab, e);
+  if (!rc && plan.data.val_spec.n)
+    rc = zt_data_open(&val_data, &plan.data.val_spec, plan.data.token_bytes,
+                      plan.model.seq, plan.model.vocab, e);
+  if (!rc) zt_plan_record_data(&plan, &train_data, &val_data);
   rc = agree(world, rc, e);
   if (!rc) {
     rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
@@ -401,13 +402,13 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   rc = agree(world, rc, e);
   if (!rc)
     rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
-                         &plan.pipeline.schedule, &train_tok, plan.data.val ? &val_tok : NULL,
+                         &plan.pipeline.schedule, &train_data, val_data.n ? &val_data : NULL,
                          plan.data.shuffle, e);
   rc = agree(world, rc, e);
   zt_ckpt_state cs = {.m = &model, .z = tr.zero, .grid = &grid, .step = &tr.t,
                       .skipped = &tr.skipped, .scaler = &tr.scaler, .plan_json = plan.json,
                       .script_text = plan.script_text,
-                      .global_batch = plan.train.global_batch, .samples = train_tok.samples,
+                      .global_batch = plan.train.global_batch, .samples = train_data.samples,
                       .seed = plan.train.seed};
   if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
   if (!rc && a->resume) {
@@ -480,8 +481,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_trainer_free(&tr);
   if (model.params) zt_model_free(&model);
   if (grid_up) zt_grid_free(&grid);
-  zt_tokens_close(&train_tok);
-  zt_tokens_close(&val_tok);
+  zt_data_close(&train_data);
+  zt_data_close(&val_data);
   zt_plan_free(&plan);
   return rc;
 }
