@@ -164,8 +164,8 @@ static int check_vocab(const zt_tokens *t, int vocab, zt_err *e) {
 static int need_sample(const zt_tokens *t, const char *what, int seq, zt_err *e) {
   if (t->count < (int64_t)seq + 1)
     return zt_err_set(e, ZT_EINPUT,
-                      "%s holds %lld tokens; seq %d needs at least %d (seq+1) for one sample: "
-                      "use a smaller seq or more data", what, (long long)t->count, seq, seq + 1);
+                      "%s %s %lld tokens; seq %d needs at least %d (seq+1) for one sample: "
+                      "use a smaller seq or more data", what, t->nfiles ? "hold" : "holds", (long long)t->count, seq, seq + 1);
   return ZT_OK;
 }
 

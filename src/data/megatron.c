@@ -171,9 +171,9 @@ int zt_megatron_open(zt_tokens *t, const char *prefix, zt_err *e) {
     int64_t at = (int64_t)rd64(ptrs + 8 * i);
     if (n < 0 || at < 0 || (uint64_t)at > t->map_len ||
         (uint64_t)n > (t->map_len - (uint64_t)at) / (uint64_t)width) {
-      rc = zt_err_set(e, ZT_EINPUT, "data file %s: sequence %llu of %s (byte offset %lld, %lld "
-                      "tokens of %d bytes) lies outside %s, which has %zu bytes (index and data "
-                      "from different runs?)", idx, (unsigned long long)i, idx, (long long)at,
+      rc = zt_err_set(e, ZT_EINPUT, "data file %s: sequence %llu (byte offset %lld, %lld tokens "
+                      "of %d bytes) lies outside %s, which has %zu bytes (index and data from "
+                      "different runs?)", idx, (unsigned long long)i, (long long)at,
                       (long long)n, width, t->path, t->map_len);
       goto out;
     }
