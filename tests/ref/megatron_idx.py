@@ -12,10 +12,12 @@ byte offsets into .bin (each sequence right after the one before), i64[D]
 document indices: 0, then after each document the number of sequences
 written so far. .bin: the tokens of every sequence, back to back.
 
-Usage: megatron_idx.py PREFIX CODE DOC [DOC...] [--corrupt KIND]
+Usage: megatron_idx.py PREFIX CODE DOC [DOC...] [--corrupt KIND] [--scatter]
   DOC: a document, its sequences separated by '/', tokens by ','
        ("1,2,3/4,5" is one document of two sequences)
   KIND: magic, version, dtype, pointer, truncated, docs — one defect each
+  --scatter: the sequences stored in .bin in reverse order (the pointers
+       say where), which Megatron never writes but its format allows
 """
 import struct
 import sys
@@ -29,21 +31,25 @@ def main(argv):
         i = argv.index("--corrupt")
         corrupt = argv[i + 1]
         del argv[i:i + 2]
+    scatter = "--scatter" in argv
+    if scatter:
+        argv.remove("--scatter")
     prefix, code, docs = argv[0], int(argv[1]), argv[2:]
     fmt = FORMATS[code]
     size = struct.calcsize(fmt)
-    lengths, doc_idx = [], [0]
+    seqs, doc_idx = [], [0]
+    for doc in docs:
+        for seq in doc.split("/"):
+            seqs.append(struct.pack("<%d%s" % (seq.count(",") + 1 if seq else 0, fmt),
+                                    *[int(t) for t in seq.split(",") if t != ""]))
+        doc_idx.append(len(seqs))
+    lengths = [len(b) // size for b in seqs]
+    pointers, at = [0] * len(seqs), 0
     with open(prefix + ".bin", "wb") as b:
-        for doc in docs:
-            for seq in doc.split("/"):
-                toks = [int(t) for t in seq.split(",") if t != ""]
-                b.write(struct.pack("<%d%s" % (len(toks), fmt), *toks))
-                lengths.append(len(toks))
-            doc_idx.append(len(lengths))
-    pointers, at = [], 0
-    for n in lengths:
-        pointers.append(at)
-        at += n * size
+        for i in (reversed(range(len(seqs))) if scatter else range(len(seqs))):
+            pointers[i] = at
+            b.write(seqs[i])
+            at += len(seqs[i])
     if corrupt == "pointer":  # the last sequence runs past the end of .bin
         pointers[-1] += size
     if corrupt == "docs":

@@ -49,11 +49,12 @@ static const char *path_of(const char *name) {
   return p;
 }
 
-/* Runs the writer: PREFIX CODE DOCS... [--corrupt KIND]. */
+/* Runs the writer: PREFIX CODE DOCS... [--corrupt KIND | --scatter]. */
 static void megatron(const char *name, int code, const char *docs, const char *corrupt) {
   char cmd[4096];
+  int scatter = corrupt && !strcmp(corrupt, "scatter");
   snprintf(cmd, sizeof cmd, "python3 %s %s %d %s %s %s", writer, path_of(name), code, docs,
-           corrupt ? "--corrupt" : "", corrupt ? corrupt : "");
+           scatter ? "--scatter" : corrupt ? "--corrupt" : "", scatter || !corrupt ? "" : corrupt);
   if (system(cmd)) fail_msg("%s failed", cmd);
 }
 
@@ -81,14 +82,15 @@ static void open_ok(zt_tokens *t, const char *path, int seq, int vocab) {
   if (zt_tokens_open(t, path, 2, seq, vocab, &e)) fail_msg("open %s: %s", path, e.msg);
 }
 
-/* The stream, under each name, in u16 and i32; samples of T = 8 cross
- * sequence and document boundaries (the first document has 7 tokens). */
+/* The stream, under each name, in u16 and i32, and with the sequences
+ * stored out of order in .bin; samples of T = 8 cross sequence and
+ * document boundaries (the first document has 7 tokens). */
 static void test_megatron_read(void **state) {
   (void)state;
   char docs[2048];
   doc_args(docs, sizeof docs);
-  for (int code = 4; code <= 8; code += 4) {
-    megatron("m", code, docs, NULL);
+  for (int code = 0; code <= 8; code += 4) {
+    megatron("m", code ? code : 8, docs, code ? NULL : "scatter");
     const char *names[] = {path_of("m"), path_of("m.bin"), path_of("m.idx")};
     for (int n = 0; n < 3; n++) {
       zt_tokens t;
@@ -96,7 +98,8 @@ static void test_megatron_read(void **state) {
       assert_true(t.megatron);
       assert_int_equal(t.count, STREAM);
       assert_int_equal(t.samples, (STREAM - 1) / 8);
-      assert_int_equal(t.npieces, 1); /* the writer puts sequences back to back */
+      /* back to back in the file: one run; scattered: one per sequence */
+      assert_int_equal(t.npieces, code ? 1 : 8);
       for (int64_t k = 0; k < STREAM; k++) assert_int_equal(zt_tokens_at(&t, k), stream_token(k));
       zt_loader ld;
       zt_err e = {0};
@@ -262,7 +265,7 @@ static void test_blend(void **state) {
   /* resume: from position 1234 on, a new loader reads what a loader that
    * went through positions 0..1233 reads, token for token */
   assert_int_equal(zt_loader_init_data(&b, &d, 1, 9, &e), ZT_OK);
-  int32_t ia[4 * 8], ta[4 * 8], ib[4 * 8], tb[4 * 8];
+  int32_t ia[4 * 4], ta[4 * 4], ib[4 * 4], tb[4 * 4]; /* 4 samples of T = 4 */
   for (int64_t k = 150; k < 160; k++) {
     zt_loader_fill(&b, k, 8, 2, 4, ib, tb); /* a DP rank's slice: positions 8k+2 .. 8k+5 */
     zt_loader_fill(&a, k, 8, 2, 4, ia, ta); /* a went to N and comes back: a rescan */
