@@ -10,21 +10,18 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* realpath of `path`, or of its folder joined with its name where the path
- * itself is no file (a Megatron prefix "corpus" beside corpus.bin/.idx);
- * the path as given when neither resolves (the loader reports it). */
+/* realpath of `path`, or for a Megatron prefix ("corpus" beside
+ * corpus.bin/.idx: no file of its own) that of corpus.idx less ".idx";
+ * the path as given when neither resolves (the loader reports it in the
+ * user's words). */
 static char *absolute_any(const char *path) {
-  char buf[PATH_MAX];
+  char buf[PATH_MAX], idx[PATH_MAX];
   if (realpath(path, buf)) return strdup(buf);
-  const char *slash = strrchr(path, '/');
-  char dir[PATH_MAX];
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) ? (int)(slash - path) : 1, path);
-  if (!realpath(dir, buf)) return strdup(path);
-  size_t n = strlen(buf) + strlen(path) + 2;
-  char *out = malloc(n);
-  if (out) snprintf(out, n, "%s/%s", buf, slash ? slash + 1 : path);
-  return out;
+  if ((size_t)snprintf(idx, sizeof idx, "%s.idx", path) < sizeof idx && realpath(idx, buf)) {
+    buf[strlen(buf) - 4] = 0;
+    return strdup(buf);
+  }
+  return strdup(path);
 }
 
 static int push_path(zt_data_part *p, const char *path) {
