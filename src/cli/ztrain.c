@@ -19,6 +19,7 @@
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_file.h"
 #include "src/ckpt/h5util.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
@@ -254,6 +255,20 @@ static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_er
 }
 
 
+/* A checkpoint trained on other data than this run's (data.sources in the
+ * plans): said once, as a warning (fine-tuning on new data is legitimate),
+ * since the data order from here on is not the one it would have read. */
+static void warn_data_change(const char *path, const zt_plan *p, long long step) {
+  zt_ckpt_file cf;
+  zt_err e = {0};
+  char why[1024];
+  if (zt_ckpt_file_open(&cf, path, &e)) return;
+  if (zt_plan_data_changed(cf.plan, p->json, why, sizeof why))
+    fprintf(stderr, "ztrain: warning: checkpoint %s was trained on other data (%s); from step "
+            "%lld on this run reads its own data's order\n", path, why, step + 1);
+  zt_ckpt_file_close(&cf);
+}
+
 static double logical_params(const zt_model *m) {
   double n = 0;
   for (int i = 0; i < m->n_params; i++) n += (double)zt_tensor_numel(&m->params[i].t);
@@ -411,12 +426,14 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                       .global_batch = plan.train.global_batch, .samples = train_data.samples,
                       .seed = plan.train.seed};
   if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
+  if (!rc && a->load && rank0) warn_data_change(a->load, &plan, (long long)tr.t);
   if (!rc && a->resume) {
     char used[4096];
     rc = zt_ckpt_dir_resume(plan.ckpt.dir, &cs, used, sizeof used, e);
     if (!rc && rank0)
       printf(*used ? "resuming from %s (step %lld)\n" : "no checkpoint in %s: starting at step 0\n",
              *used ? used : plan.ckpt.dir, (long long)tr.t);
+    if (!rc && rank0 && *used) warn_data_change(used, &plan, (long long)tr.t);
   }
   if (!rc) {
     zt_peak pk;

@@ -164,3 +164,56 @@ void zt_plan_record_data(zt_plan *p, const zt_data *train, const zt_data *val) {
   free(p->json);
   p->json = text;
 }
+
+/* data.sources.train of a plan's JSON (new reference), or NULL. */
+static json_t *train_sources(const char *plan) {
+  json_t *root = plan ? json_loads(plan, 0, NULL) : NULL;
+  json_t *t = json_object_get(json_object_get(json_object_get(root, "data"), "sources"), "train");
+  json_incref(t);
+  json_decref(root);
+  return t;
+}
+
+int zt_plan_data_changed(const char *ckpt_plan, const char *plan, char *why, size_t size) {
+  json_t *was = train_sources(ckpt_plan), *now = train_sources(plan);
+  int changed = 0;
+  json_t *pw = json_object_get(was, "parts"), *pn = json_object_get(now, "parts");
+  if (!pw || !pn) goto out; /* a checkpoint from before the record: nothing to say */
+  changed = 1;
+  if (json_array_size(pw) != json_array_size(pn)) {
+    snprintf(why, size, "%zu data parts then, %zu now", json_array_size(pw), json_array_size(pn));
+    goto out;
+  }
+  for (size_t i = 0; i < json_array_size(pw); i++) {
+    json_t *a = json_array_get(pw, i), *b = json_array_get(pn, i);
+    double wa = json_real_value(json_object_get(a, "weight"));
+    double wb = json_real_value(json_object_get(b, "weight"));
+    if (wa != wb) {
+      snprintf(why, size, "part %zu had weight %g, now %g", i + 1, wa, wb);
+      goto out;
+    }
+    json_t *fa = json_object_get(a, "files"), *fb = json_object_get(b, "files");
+    if (json_array_size(fa) != json_array_size(fb)) {
+      snprintf(why, size, "part %zu had %zu files, now %zu", i + 1, json_array_size(fa),
+               json_array_size(fb));
+      goto out;
+    }
+    for (size_t j = 0; j < json_array_size(fa); j++) {
+      json_t *x = json_array_get(fa, j), *y = json_array_get(fb, j);
+      const char *px = json_string_value(json_object_get(x, "path"));
+      const char *py = json_string_value(json_object_get(y, "path"));
+      json_int_t tx = json_integer_value(json_object_get(x, "tokens"));
+      json_int_t ty = json_integer_value(json_object_get(y, "tokens"));
+      if (!px || !py || strcmp(px, py) || tx != ty) {
+        snprintf(why, size, "%s (%lld tokens) then, %s (%lld tokens) now", px ? px : "?",
+                 (long long)tx, py ? py : "?", (long long)ty);
+        goto out;
+      }
+    }
+  }
+  changed = 0;
+out:
+  json_decref(was);
+  json_decref(now);
+  return changed;
+}

@@ -6,9 +6,10 @@
 # function of the global step, not of the layout), a run stopped and
 # continued from its checkpoint equals the uninterrupted run bitwise
 # (losses, weights, optimizer state), the checkpoint's plan records the
-# files read, and bad sources (an index with a wrong magic or a pointer
-# past its .bin, weights that sum to 0, a negative weight, a glob that
-# matches nothing) end with exit 2, one message, nothing written.
+# files read (a run continued on other data says so), and bad sources (an
+# index with a wrong magic or a pointer past its .bin, weights that sum to
+# 0, a negative weight, a glob that matches nothing) end with exit 2, one
+# message, nothing written.
 # Usage: data_sources.sh ZTRAIN MPIRUN... (MPIRUN with its options)
 set -eu
 Z=$(realpath "$1"); shift
@@ -49,7 +50,12 @@ echo -n "blend dp=2: "
 /usr/bin/python3 "$HERE/ref/equiv.py" ref.jsonl ref.h5 dp2.jsonl dp2.h5
 # stopped at step 5 (the schedule fixed: --steps alone would shorten its decay), continued from its checkpoint to 12
 OMP_NUM_THREADS=1 "$Z" run.lua --steps 5 --save mid.h5 > /dev/null
-OMP_NUM_THREADS=1 "$Z" run.lua --load mid.h5 --metrics resumed.jsonl --save resumed.h5 > /dev/null
+OMP_NUM_THREADS=1 "$Z" run.lua --load mid.h5 --metrics resumed.jsonl --save resumed.h5 > /dev/null 2> resumed.err
+if grep -q "other data" resumed.err; then echo "FAIL: a warning on the same data: $(cat resumed.err)"; exit 1; fi
+# continued on other weights: said, once
+OMP_NUM_THREADS=1 "$Z" run.lua --load mid.h5 --steps 6 -e 'data.train[1][1] = 0.5' > /dev/null 2> other.err
+grep -q "warning: checkpoint mid.h5 was trained on other data (part 1 had weight 0.6, now 0.555556); from step 6 on" other.err \
+  || { echo "FAIL: no warning on other data: $(cat other.err)"; exit 1; }
 /usr/bin/python3 - <<'PY'
 import json, sys
 import h5py, numpy as np
