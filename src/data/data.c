@@ -165,7 +165,8 @@ static int need_sample(const zt_tokens *t, const char *what, int seq, zt_err *e)
   if (t->count < (int64_t)seq + 1)
     return zt_err_set(e, ZT_EINPUT,
                       "%s %s %lld tokens; seq %d needs at least %d (seq+1) for one sample: "
-                      "use a smaller seq or more data", what, t->nfiles ? "hold" : "holds", (long long)t->count, seq, seq + 1);
+                      "use a smaller seq or more data", what, t->nfiles ? "hold" : "holds",
+                      (long long)t->count, seq, seq + 1);
   return ZT_OK;
 }
 
@@ -182,7 +183,7 @@ int zt_tokens_open(zt_tokens *t, const char *path, int token_bytes, int seq,
       char what[4200];
       snprintf(what, sizeof what, "data file %s", t->path);
       rc = need_sample(t, what, seq, e);
-      t->samples = (t->count - 1) / seq;
+      if (!rc) t->samples = (t->count - 1) / seq;
     }
   } else {
     rc = open_tokens(t, path, token_bytes, seq, vocab, e);

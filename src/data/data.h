@@ -144,7 +144,8 @@ int zt_loader_init_data(zt_loader *ld, const zt_data *d, int shuffle,
                         uint64_t seed, zt_err *e);
 void zt_loader_free(zt_loader *ld);
 
-/* Index of the sample at position `pos` of the (endless) sample order. */
+/* Index of the sample at position `pos` of the (endless) sample order; in
+ * a blend, its index within the part zt_blend_locate names. */
 int64_t zt_loader_sample_at(zt_loader *ld, int64_t pos);
 /* blend.c: the part that position `pos` of a blend reads, and the
  * position in that part's own order (Megatron's BlendedDataset rule:

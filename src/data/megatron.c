@@ -138,7 +138,8 @@ int zt_megatron_open(zt_tokens *t, const char *prefix, zt_err *e) {
   if (S > body / 12 || D > (body - S * 12) / 8) {
     rc = zt_err_set(e, ZT_EINPUT, "data file %s: index truncated: %llu sequences and %llu "
                     "document indices need %.0f bytes after the header, the file has %zu", idx,
-                    (unsigned long long)S, (unsigned long long)D, 12.0 * (double)S + 8.0 * (double)D,
+                    (unsigned long long)S, (unsigned long long)D,
+                    12.0 * (double)S + 8.0 * (double)D,
                     body);
     goto out;
   }

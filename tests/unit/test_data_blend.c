@@ -70,7 +70,8 @@ static void doc_args(char *out, size_t size) {
     for (int s = 0; s < 3 && doc_seqs[d][s]; s++) {
       if (s) n += (size_t)snprintf(out + n, size - n, "/");
       for (int j = 0; j < doc_seqs[d][s]; j++)
-        n += (size_t)snprintf(out + n, size - n, "%s%lld", j ? "," : "", (long long)stream_token(k++));
+        n += (size_t)snprintf(out + n, size - n, "%s%lld", j ? "," : "",
+                              (long long)stream_token(k++));
     }
     n += (size_t)snprintf(out + n, size - n, "\"");
   }
@@ -225,7 +226,8 @@ static void test_list_equals_concatenation(void **state) {
 
 static zt_data_spec spec_of(int n, const double *w, char **paths) {
   zt_data_spec s = {.blend = 1, .n = n, .parts = calloc((size_t)n, sizeof(zt_data_part))};
-  for (int i = 0; i < n; i++) s.parts[i] = (zt_data_part){.weight = w[i], .n = 1, .paths = &paths[i]};
+  for (int i = 0; i < n; i++)
+    s.parts[i] = (zt_data_part){.weight = w[i], .n = 1, .paths = &paths[i]};
   return s;
 }
 
