@@ -6,7 +6,8 @@
  * of an index (magic, version, dtype, a pointer past the .bin, truncation,
  * document indices) is refused with ZT_EINPUT and a message naming it; a
  * list of files serves exactly the order of the one concatenated file; a
- * blend tracks its weights within one sample at every prefix, is the same
+ * blend follows Megatron's rule (its first choices for one set of weights),
+ * tracks its weights within one sample at every prefix, is the same
  * from any starting point (a resume) and for the same seed, and a blend of
  * one part is that part. Usage: test_data_blend PATH/megatron_idx.py */
 #define _XOPEN_SOURCE 700 /* mkdtemp, nftw */
@@ -264,8 +265,15 @@ static void test_blend(void **state) {
         fail_msg("after %lld positions part %d has %lld samples, weight %.2f",
                  (long long)p + 1, k, (long long)count[k], d.weights[k]);
   }
-  /* resume: from position 1234 on, a new loader reads what a loader that
-   * went through positions 0..1233 reads, token for token */
+  /* the first 30 choices of Megatron's build_blending_indices (helpers.cpp)
+   * for these weights, from a Python transcription of it */
+  const char *megatron_order = "012010201001201020100120102010";
+  for (int p = 0; p < 30; p++)
+    if (seen[p] != megatron_order[p] - '0')
+      fail_msg("position %d goes to part %lld; Megatron's rule gives %c", p, (long long)seen[p],
+               megatron_order[p]);
+  /* resume: from batch 150 (position 1200) on, a new loader reads what a
+   * loader that went through positions 0..1999 and back reads, token for token */
   assert_int_equal(zt_loader_init_data(&b, &d, 1, 9, &e), ZT_OK);
   int32_t ia[4 * 4], ta[4 * 4], ib[4 * 4], tb[4 * 4]; /* 4 samples of T = 4 */
   for (int64_t k = 150; k < 160; k++) {
