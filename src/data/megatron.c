@@ -161,11 +161,7 @@ int zt_megatron_open(zt_tokens *t, const char *prefix, zt_err *e) {
   rc = map_file(t->path, &t->map, &t->map_len, e);
   if (rc) goto out;
   t->width = width;
-  t->pieces = malloc((size_t)(S ? S : 1) * sizeof *t->pieces);
-  if (!t->pieces) {
-    rc = zt_err_set(e, ZT_ERUNTIME, "out of memory for the index of %s", idx);
-    goto out;
-  }
+  int64_t cap = 0; /* pieces grow as needed: a written dataset is one run, not S */
   for (uint64_t i = 0; i < S; i++) {
     int64_t n = (int32_t)(uint32_t)(lens[4 * i] | lens[4 * i + 1] << 8 | lens[4 * i + 2] << 16 |
                                     (uint32_t)lens[4 * i + 3] << 24);
@@ -184,6 +180,14 @@ int zt_megatron_open(zt_tokens *t, const char *prefix, zt_err *e) {
     if (last && last->data + last->count * width == p) {
       last->count += n; /* adjacent in the file: one run */
     } else {
+      if (t->npieces == cap) {
+        zt_piece *grown = realloc(t->pieces, (size_t)(cap = cap ? 2 * cap : 4) * sizeof *grown);
+        if (!grown) {
+          rc = zt_err_set(e, ZT_ERUNTIME, "out of memory for the index of %s", idx);
+          goto out;
+        }
+        t->pieces = grown;
+      }
       t->pieces[t->npieces++] =
           (zt_piece){.data = p, .start = t->count, .count = n, .width = width,
                      .is_signed = is_signed};
