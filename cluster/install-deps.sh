@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ztrain needs that are missing (build, run and,
 # unless --no-test, the test suite's PyTorch/h5py references). Idempotent:
-# installs nothing when everything is there. Needs root or sudo.
+# installs nothing when everything is there. Needs root or sudo. chromium
+# and python3-pil: the test of `ztrain report` renders its page and reads the
+# screenshot.
 set -eu
 build=(build-essential cmake ninja-build pkg-config
        openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
        liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev)
-test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch procps)
+test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch procps chromium python3-pil)
 want=("${build[@]}")
 [ "${1:-}" = "--no-test" ] || want+=("${test[@]}")
 

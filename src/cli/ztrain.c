@@ -18,6 +18,7 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
+#include "src/cli/ztrain_report.h"
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/ckpt_file.h"
 #include "src/ckpt/h5util.h"
@@ -38,6 +39,7 @@ static const char usage[] =
     "       ztrain tokenize INPUT.txt OUTPUT.bin [--val VAL.bin] [--val-fraction F]\n"
     "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
     "                       SCRIPT.lua\n"
+    "       ztrain report RUN_DIR|METRICS.jsonl [-o REPORT.html] [--log-loss]\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
     "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
@@ -66,6 +68,9 @@ static const char usage[] =
     "schedule: checks the script's pipeline schedule and partition without\n"
     "training (no mpirun needed): simulated bubble, peak in-flight micro-batches\n"
     "per stage and a timeline of all stages.\n"
+    "\n"
+    "report: draws a run's --metrics as one HTML page of plots (no network\n"
+    "needed to view it); ztrain report --help says more.\n"
     "\n"
     "tokenize: turns a text file into byte-level tokens (vocab 256) in\n"
     "ztrain's token file format; --val writes the last --val-fraction\n"
@@ -507,6 +512,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "tokenize")) return tokenize_main(argc, argv);
   if (argc > 1 && !strcmp(argv[1], "schedule")) return schedule_main(argc, argv);
+  if (argc > 1 && !strcmp(argv[1], "report")) return zt_runreport_main(argc - 1, argv + 1);
   cli_args a;
   zt_err e = {0};
   /* getopt reorders argv; a restart with other GEMM kernels gets it as given */
