@@ -20,6 +20,7 @@
 #include "parallel/watchdog.h"
 #include "src/cli/ztrain_report.h"
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_file.h"
 #include "src/ckpt/h5util.h"
 #include "src/ckpt/hf.h"
 #include "src/ckpt/policy.h"
@@ -327,6 +328,20 @@ static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_er
 }
 
 
+/* A checkpoint trained on other data than this run's (data.sources in the
+ * plans): said once, as a warning (fine-tuning on new data is legitimate),
+ * since the data order from here on is not the one it would have read. */
+static void warn_data_change(const char *path, const zt_plan *p, long long step) {
+  zt_ckpt_file cf;
+  zt_err e = {0};
+  char why[1024];
+  if (zt_ckpt_file_open(&cf, path, &e)) return;
+  if (zt_plan_data_changed(cf.plan, p->json, why, sizeof why))
+    fprintf(stderr, "ztrain: warning: checkpoint %s was trained on other data (%s); from step "
+            "%lld on this run reads its own data's order\n", path, why, step + 1);
+  zt_ckpt_file_close(&cf);
+}
+
 static double logical_params(const zt_model *m) {
   double n = 0;
   for (int i = 0; i < m->n_params; i++) n += (double)zt_tensor_numel(&m->params[i].t);
@@ -430,7 +445,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
-  zt_tokens train_tok = {0}, val_tok = {0};
+  zt_data train_data = {0}, val_data = {0};
   zt_model model = {0};
   zt_trainer tr = {0};
   zt_report rep = {0};
@@ -450,11 +465,12 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
                     zt_dtype_name(plan.train.precision));
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
-  if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
-                               plan.model.seq, plan.model.vocab, e);
-  if (!rc && plan.data.val)
-    rc = zt_tokens_open(&val_tok, plan.data.val, plan.data.token_bytes,
-                        plan.model.seq, plan.model.vocab, e);
+  if (!rc) rc = zt_data_open(&train_data, &plan.data.train_spec, plan.data.token_bytes,
+                             plan.model.seq, plan.model.vocab, e);
+  if (!rc && plan.data.val_spec.n)
+    rc = zt_data_open(&val_data, &plan.data.val_spec, plan.data.token_bytes,
+                      plan.model.seq, plan.model.vocab, e);
+  if (!rc) zt_plan_record_data(&plan, &train_data, &val_data);
   rc = agree(world, rc, e);
   if (!rc) {
     rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
@@ -474,18 +490,20 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   rc = agree(world, rc, e);
   if (!rc)
     rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
-                         &plan.pipeline.schedule, &train_tok, plan.data.val ? &val_tok : NULL,
+                         &plan.pipeline.schedule, &train_data, val_data.n ? &val_data : NULL,
                          plan.data.shuffle, e);
   rc = agree(world, rc, e);
   zt_ckpt_state cs = {.m = &model, .z = tr.zero, .grid = &grid, .step = &tr.t,
                       .skipped = &tr.skipped, .scaler = &tr.scaler, .plan_json = plan.json,
                       .script_text = plan.script_text,
-                      .global_batch = plan.train.global_batch, .samples = train_tok.samples,
+                      .global_batch = plan.train.global_batch, .samples = train_data.samples,
                       .seed = plan.train.seed};
   char hf_ckpt[4200] = "";
   if (!rc && a->load && zt_hf_is_dir(a->load))
     rc = load_hf(a->load, &plan.model, world, hf_ckpt, sizeof hf_ckpt, e);
   if (!rc && a->load) rc = timed_ckpt(0, *hf_ckpt ? hf_ckpt : a->load, &cs, e);
+  /* an imported Hugging Face model carries no data record to compare */
+  if (!rc && a->load && !*hf_ckpt && rank0) warn_data_change(a->load, &plan, (long long)tr.t);
   if (*hf_ckpt && rank0) unlink(hf_ckpt);
   if (!rc && a->resume) {
     char used[4096];
@@ -493,6 +511,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     if (!rc && rank0)
       printf(*used ? "resuming from %s (step %lld)\n" : "no checkpoint in %s: starting at step 0\n",
              *used ? used : plan.ckpt.dir, (long long)tr.t);
+    if (!rc && rank0 && *used) warn_data_change(used, &plan, (long long)tr.t);
   }
   if (!rc) {
     zt_peak pk;
@@ -557,8 +576,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_trainer_free(&tr);
   if (model.params) zt_model_free(&model);
   if (grid_up) zt_grid_free(&grid);
-  zt_tokens_close(&train_tok);
-  zt_tokens_close(&val_tok);
+  zt_data_close(&train_data);
+  zt_data_close(&val_data);
   zt_plan_free(&plan);
   return rc;
 }

@@ -166,7 +166,7 @@ static int eval_run(const infer_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan = {0};
   zt_grid grid = {0};
-  zt_tokens val = {0};
+  zt_data val = {0};
   zt_model model = {0};
   zt_trainer tr = {0};
   zt_stage_cfg stage = {0};
@@ -184,8 +184,8 @@ static int eval_run(const infer_args *a, zt_comm *world, zt_err *e) {
   if (!rc && !be->has_dtype(plan.train.precision))
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
                     zt_dtype_name(plan.train.precision));
-  if (!rc) rc = zt_tokens_open(&val, plan.data.val, plan.data.token_bytes, plan.model.seq,
-                               plan.model.vocab, e);
+  if (!rc) rc = zt_data_open(&val, &plan.data.val_spec, plan.data.token_bytes, plan.model.seq,
+                             plan.model.vocab, e);
   rc = zt_comm_agree(world, rc, e);
   if (!rc) {
     rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
@@ -223,7 +223,7 @@ static int eval_run(const infer_args *a, zt_comm *world, zt_err *e) {
   zt_trainer_free(&tr);
   if (model.params) zt_model_free(&model);
   if (grid_up) zt_grid_free(&grid);
-  zt_tokens_close(&val);
+  zt_data_close(&val);
   zt_plan_free(&plan);
   return rc;
 }
