@@ -368,6 +368,7 @@ local specs = {
     dtype = { oneof("u16", "u32"), default = "u16" },
     shuffle = { boolean, default = true },
     val_batches = { integer(1, INT_MAX), default = 4 },
+    tokenizer = { str, default = "byte" },
   },
   checkpoint = {
     dir = { str, default = "checkpoints" },

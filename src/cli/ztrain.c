@@ -28,6 +28,7 @@
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 #include "src/data/data.h"
+#include "src/data/tokenize.h"
 #include "src/train/report.h"
 #include "src/train/trainer.h"
 #include "src/cli/ztrain_infer.h"
@@ -38,7 +39,8 @@
 
 static const char usage[] =
     "Usage: ztrain [OPTIONS] SCRIPT.lua\n"
-    "       ztrain tokenize INPUT.txt OUTPUT.bin [--val VAL.bin] [--val-fraction F]\n"
+    "       ztrain tokenize INPUT... OUTPUT.bin [--tokenizer PATH | --train-vocab N\n"
+    "                       [--tokenizer-out PATH]] [--val VAL.bin] [--val-fraction F]\n"
     "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
     "                       SCRIPT.lua\n"
     "       ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
@@ -83,9 +85,15 @@ static const char usage[] =
     "report: draws a run's --metrics as one HTML page of plots (no network\n"
     "needed to view it); ztrain report --help says more.\n"
     "\n"
-    "tokenize: turns a text file into byte-level tokens (vocab 256) in\n"
-    "ztrain's token file format; --val writes the last --val-fraction\n"
-    "(default 0.1) of the text to a second file.\n"
+    "tokenize: turns text files into a token file (ztrain's format). Without\n"
+    "--tokenizer each byte is one token (vocab 256); --tokenizer takes a Hugging\n"
+    "Face tokenizer.json (byte-level BPE: GPT-2, LLaMA 3) or a SentencePiece\n"
+    ".model (LLaMA 2); --train-vocab N trains a SentencePiece BPE vocabulary of N\n"
+    "on the inputs first and writes it to --tokenizer-out (default\n"
+    "tokenizer.model beside OUTPUT.bin). Text tokenizers need UTF-8 and put the\n"
+    "end-of-text token after each file. --val writes the last --val-fraction\n"
+    "(default 0.1) of the tokens to a second file. Name the tokenizer in the\n"
+    "script as data.tokenizer.\n"
     "\n"
     "SIGUSR1, SIGUSR2 or SIGTERM writes a checkpoint into checkpoint.dir at\n"
     "the end of the current step, then ends the run (exit 0). Under mpirun send\n"
@@ -200,25 +208,56 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
 }
 
 static int tokenize_main(int argc, char **argv) {
-  const char *val = NULL;
-  double frac = 0.1;
-  const char *pos[2];
+  zt_tokenize_opts o = {.val_fraction = 0.1, .progress = stderr};
+  const char **pos = calloc((size_t)argc, sizeof *pos);
   int npos = 0;
-  zt_err e = {0};
   for (int i = 2; i < argc; i++) {
-    if (!strcmp(argv[i], "--val") && i + 1 < argc) val = argv[++i];
-    else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) frac = atof(argv[++i]);
-    else if (argv[i][0] == '-' || npos == 2) {
-      fprintf(stderr, "ztrain tokenize: unexpected argument '%s'\n%s", argv[i], usage);
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(usage, stdout);
+      free(pos);
+      return 0;
+    } else if (!strcmp(a, "--val") && v) o.val = v, i++;
+    else if (!strcmp(a, "--val-fraction") && v) o.val_fraction = atof(v), i++;
+    else if (!strcmp(a, "--tokenizer") && v) o.tokenizer = v, i++;
+    else if (!strcmp(a, "--tokenizer-out") && v) o.tokenizer_out = v, i++;
+    else if (!strcmp(a, "--train-vocab") && v) {
+      char *end;
+      long n = strtol(v, &end, 10);
+      if (end == v || *end || n < 1 || n > (1L << 24)) {
+        fprintf(stderr, "ztrain tokenize: --train-vocab needs a vocabulary size (1 to 2^24), got '%s'\n", v);
+        free(pos);
+        return ZT_EINPUT;
+      }
+      o.train_vocab = (int)n, i++;
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "ztrain tokenize: unexpected argument '%s'\n%s", a, usage);
+      free(pos);
       return ZT_EINPUT;
-    } else pos[npos++] = argv[i];
+    } else pos[npos++] = a;
   }
-  if (npos != 2) {
-    fprintf(stderr, "ztrain tokenize: need INPUT.txt and OUTPUT.bin\n");
+  if (npos < 2) {
+    fprintf(stderr, "ztrain tokenize: need INPUT... and OUTPUT.bin\n");
+    free(pos);
     return ZT_EINPUT;
   }
-  int rc = zt_tokenize_text(pos[0], pos[1], val, frac, &e);
+  if (o.tokenizer_out && !o.train_vocab) {
+    fprintf(stderr, "ztrain tokenize: --tokenizer-out names where --train-vocab's tokenizer goes; "
+            "give --train-vocab N\n");
+    free(pos);
+    return ZT_EINPUT;
+  }
+  o.inputs = pos, o.ninputs = npos - 1, o.out = pos[npos - 1];
+  zt_tokenize_result r;
+  zt_err e = {0};
+  int rc = zt_tokenize(&o, &r, &e);
   if (rc) fprintf(stderr, "ztrain tokenize: %s\n", e.msg);
+  else {
+    printf("wrote %lld tokens (vocab %d, tokenizer %s%s%s) to %s\n", (long long)r.tokens, r.vocab,
+           r.kind, strcmp(r.kind, "byte") ? " " : "", strcmp(r.kind, "byte") ? r.tokenizer : "", o.out);
+    if (o.val) printf("wrote %lld tokens to %s\n", (long long)r.val_tokens, o.val);
+  }
+  free(pos);
   return rc;
 }
 

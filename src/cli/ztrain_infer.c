@@ -364,10 +364,8 @@ static int sample_run(const infer_args *a, zt_comm *world, zt_err *e) {
   cfg.precision = ZT_F32; /* the checkpoint's weights, as they are */
   cfg.sequence_parallel = 0;
   cfg.recompute = NULL;
-  /* TOKENIZER: the run's tokenizer, s.plan.data.tokenizer, goes here once
-   * the plan has the data.tokenizer key; until then every run is
-   * byte-level (NULL) */
-  const char *tok_spec = NULL;
+  /* the run's tokenizer (data.tokenizer: "byte" or a file the config checked) */
+  const char *tok_spec = rc ? NULL : s.plan.data.tokenizer;
   if (!rc) rc = zt_tok_open(&s.tok, tok_spec, e);
   int64_t np = 0;
   if (!rc) rc = zt_tok_encode(s.tok, a->prompt, strlen(a->prompt), &s.prompt, &np, e);

@@ -22,6 +22,7 @@
 
 #include "parallel/comm.h"
 #include "src/core/timer.h"
+#include "src/data/tokenizer.h"
 
 struct zt_lua_module { const char *name; const char *src; size_t len; };
 extern const struct zt_lua_module zt_lua_modules[];
@@ -384,7 +385,26 @@ static int read_data(lua_State *L, zt_data_cfg *d, zt_err *e) {
   free(dtype);
   d->shuffle = boolean(L, "shuffle");
   d->val_batches = (int)integer(L, "val_batches");
+  /* a path as sample and the HF export will find it from anywhere; one
+   * that does not resolve stays as written, for the load's message */
+  d->tokenizer = dupstr(L, "tokenizer");
+  char abs[PATH_MAX];
+  if (strcmp(d->tokenizer, "byte") && realpath(d->tokenizer, abs)) {
+    free(d->tokenizer);
+    d->tokenizer = strdup(abs);
+  }
   return ZT_OK;
+}
+
+/* data.tokenizer must load and fit the model: sample decodes with it. */
+static int check_tokenizer(const zt_plan *p, zt_err *e) {
+  zt_tok *t;
+  int rc = zt_tok_open(&t, p->data.tokenizer, e);
+  if (!rc && zt_tok_vocab(t) > p->model.vocab)
+    rc = zt_err_set(e, ZT_EINPUT, "data.tokenizer %s has vocab %d, more than model.vocab %d",
+                    p->data.tokenizer, zt_tok_vocab(t), p->model.vocab);
+  zt_tok_free(t);
+  return rc;
 }
 
 static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e) {
@@ -559,6 +579,12 @@ static char *plan_json(const zt_plan *p) {
   for (int l = 0; m->recompute && l < m->layers; l++)
     if (m->recompute[l]) json_array_append_new(rc, json_integer(l));
   json_object_set_new(json_object_get(root, "train"), "recompute", rc);
+  /* the tokenizer by path (sample, HF export) and content hash */
+  char hash[64] = "";
+  zt_err ignored;
+  zt_tok_file_hash(p->data.tokenizer, hash, sizeof hash, &ignored); /* checked at load */
+  json_object_set_new(json_object_get(root, "data"), "tokenizer", json_string(p->data.tokenizer));
+  if (*hash) json_object_set_new(json_object_get(root, "data"), "tokenizer_hash", json_string(hash));
   json_object_set_new(json_object_get(root, "train"), "precision",
                       json_string(precision_name(t->precision)));
   json_object_set_new(json_object_get(root, "train"), "grad_reduce_dtype",
@@ -658,6 +684,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     lua_pop(L, 5);
   }
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
+  if (!rc) rc = check_tokenizer(p, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);
   p->model.sequence_parallel = p->parallel.sequence_parallel;
@@ -682,6 +709,7 @@ void zt_plan_free(zt_plan *p) {
   free(p->json);
   free(p->data.train);
   free(p->data.val);
+  free(p->data.tokenizer);
   zt_data_spec_free(&p->data.train_spec);
   zt_data_spec_free(&p->data.val_spec);
   free(p->ckpt.dir);

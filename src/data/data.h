@@ -51,6 +51,7 @@ typedef struct zt_data_cfg {
   int token_bytes;   /* for headerless files: 2 (u16) or 4 (u32) */
   int shuffle;
   int val_batches; /* global batches of val data per evaluation */
+  char *tokenizer; /* data.tokenizer: "byte" or an absolute path (tokenizer.h) */
 } zt_data_cfg;
 
 /* A run of consecutive tokens in one mapping; `start` is its position in
