@@ -39,33 +39,34 @@ local function object_mt(name)
   mt.__newindex = function(p, k, v)
     local s = state[p]
     local spec = s.spec[k]
-    if spec == nil then error(K.unknown_key_message(s.where, k, s.spec), 2) end
+    if spec == nil then K.raise(K.unknown_key_message(s.where, k, s.spec)) end
     local nv, msg = K.value(s.where, k, spec, v)
-    if msg then error(msg, 2) end
+    if msg then K.raise(msg) end
     local old = s.args[k]
     if v == nil then nv = nil end -- back to the default, which follows the other keys
     s.args[k] = nv
     local _, dmsg = resolve(p)
     if dmsg then
       s.args[k] = old
-      error(dmsg, 2)
+      K.raise(dmsg)
     end
+    s.at = K.user_where() -- C's checks of the value name this line
   end
   mt.__pairs = function(p) return next, resolve(p) or {}, nil end
   return mt
 end
 
--- A new object from the user's table t; level: error() level of the
--- user's call, counted from the builder that calls this.
-local function object(mt, where, spec, t, derive, level)
-  local args = K.checked(t, spec, where, level + 1)
+-- A new object from the user's table t.
+local function object(mt, where, spec, t, derive)
+  local args = K.checked(t, spec, where)
   -- keep only what the user gave: defaults and derived values follow later changes
   for k in pairs(args) do if t[k] == nil then args[k] = nil end end
   local p = setmetatable({}, mt)
-  state[p] = { where = where, spec = spec, args = args, derive = derive }
+  -- at: the user's line that built it or last set one of its keys
+  state[p] = { where = where, spec = spec, args = args, derive = derive, at = K.user_where() }
   K.register(p, where, function() return args end)
   local _, msg = resolve(p)
-  if msg then error(msg, level + 1) end
+  if msg then K.raise(msg) end
   return p
 end
 
@@ -110,7 +111,7 @@ end
 --- GPT-2: LayerNorm, learned positions, GELU MLP of width 4*dim, biases,
 --- head tied to the token embedding unless tied = false.
 function M.gpt(t)
-  local m = object(model_mt, "zt.gpt", gpt_spec, t, gpt_derive, 2)
+  local m = object(model_mt, "zt.gpt", gpt_spec, t, gpt_derive)
   return m
 end
 
@@ -133,7 +134,7 @@ end
 --- biases, untied head. ffn_dim defaults to LLaMA's rule: 2/3 of 4*dim,
 --- rounded up to a multiple of 256.
 function M.llama(t)
-  local m = object(model_mt, "zt.llama", llama_spec, t, llama_derive, 2)
+  local m = object(model_mt, "zt.llama", llama_spec, t, llama_derive)
   return m
 end
 
@@ -150,14 +151,14 @@ local cosine_spec = {
 --- Linear warmup to `peak` over `warmup` steps, then cosine decay to
 --- `final` at `decay_steps` (default: train.steps).
 function M.lr.cosine(t)
-  local s = object(lr_mt, "zt.lr.cosine", cosine_spec, t, function(c) c.kind = "cosine" end, 2)
+  local s = object(lr_mt, "zt.lr.cosine", cosine_spec, t, function(c) c.kind = "cosine" end)
   return s
 end
 
 --- A constant learning rate (the same as a plain number).
 function M.lr.constant(t)
   local s = object(lr_mt, "zt.lr.constant", { value = { real(0, true), required = true } }, t,
-                   function(c) c.kind = "constant" end, 2)
+                   function(c) c.kind = "constant" end)
   return s
 end
 
@@ -522,16 +523,29 @@ end
 -- change) or raises an error naming what is wrong.
 function M._plan(script)
   local function fail(msg) error(script .. ": " .. msg, 0) end
+  -- A global table ztrain does not read is a misspelt one (`datta = {...}`,
+  -- `chekpoint = {...}`) that would be ignored in silence, its settings
+  -- never applied. A script's own tables are local; global functions,
+  -- numbers and strings stay allowed, and so do the library's modules and
+  -- the objects its builders make (`base = zt.gpt{...}; model = base`).
+  local modules, unknown = {}, {}
+  for _, v in next, package.loaded do modules[v] = true end
   for k, v in next, _G do
-    if type(k) == "string" and type(v) == "table" and package.loaded[k] == nil
-        and not specs[k] and k ~= "model" then
-      -- a typo of a table the script then lacks; a helper table whose name
-      -- happens to be close to one it has is fine
-      local near = K.nearest(k, globals)
-      if near and (_G[near] == nil or (type(_G[near]) == "table" and next(_G[near]) == nil)) then
-        fail(string.format("unknown global table '%s' (did you mean '%s'?)", k, near))
-      end
+    if type(k) == "string" and type(v) == "table" and not modules[v] and not specs[k]
+        and k ~= "model" and k ~= "schedule" and k ~= "zt" and getmetatable(v) ~= model_mt
+        and getmetatable(v) ~= lr_mt and getmetatable(v) ~= M.schedule.mt then
+      unknown[#unknown + 1] = k
     end
+  end
+  if #unknown > 0 then
+    table.sort(unknown)
+    local k = unknown[1]
+    local near = K.nearest(k, globals)
+    fail(string.format("unknown global table '%s'%s; ztrain reads only %s; a table of your "
+                       .. "own must be local (local %s = {...})%s", k,
+                       near and string.format(" (did you mean '%s'?)", near) or "",
+                       table.concat(globals, ", "), k,
+                       #unknown > 1 and " (also unknown: " .. table.concat(unknown, ", ", 2) .. ")" or ""))
   end
   if _G.model == nil then
     fail("no model: set `model = zt.gpt{...}` or `model = zt.llama{...}`")
@@ -541,6 +555,7 @@ function M._plan(script)
   end
   local model, msg = resolve(_G.model)
   if not model then fail(msg) end
+  model.at = state[_G.model].at -- for C's checks of the shape: the user's line
   local plan = { model = model }
   local sched = _G.schedule
   if type(sched) == "function" then sched = M.schedule.custom { fn = sched } end

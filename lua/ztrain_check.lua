@@ -10,7 +10,7 @@
 local G = _G
 local pristine = {}
 for k, v in G.pairs(G) do pristine[k] = v end
-for _, lib in G.ipairs { "string", "math", "table" } do
+for _, lib in G.ipairs { "string", "math", "table", "debug" } do
   local copy = {}
   for k, v in G.pairs(G[lib]) do copy[k] = v end
   pristine[lib] = copy
@@ -18,6 +18,26 @@ end
 local _ENV = pristine
 
 local C = { env = pristine }
+
+-- Where the user's code called into the library: the innermost function
+-- on the stack, from `level` up (1: the caller of user_where), that is
+-- neither the library's (its chunks are named "[ztrain]/...", also when
+-- loaded from ZTRAIN_LUA_PATH) nor C (pcall, a metamethod's caller); "file:
+-- line: " or "" when the library was called from C alone. Walked rather
+-- than a fixed error() level, which names pcall or one of the library's
+-- own lines when the call comes by another way.
+function C.user_where(level)
+  for l = (level or 1) + 1, math.huge do
+    local info = debug.getinfo(l, "Sl")
+    if not info then return "" end
+    if info.what ~= "C" and info.currentline > 0 and info.source:sub(1, 10) ~= "=[ztrain]/" then
+      return info.short_src .. ":" .. info.currentline .. ": "
+    end
+  end
+end
+
+-- error() at the user's line (user_where), for a message in their terms.
+function C.raise(msg) error(C.user_where(2) .. msg, 0) end
 
 C.INT_MAX = 2147483647                 -- most keys end up in a C int
 C.FLT_MIN = 1.1754943508222875e-38     -- the smallest normal C float
@@ -217,10 +237,10 @@ function C.check(t, spec, where)
   return out
 end
 
--- C.check that raises; level as for error(), counted from the caller.
-function C.checked(t, spec, where, level)
+-- C.check that raises at the user's line.
+function C.checked(t, spec, where)
   local out, msg = C.check(t, spec, where)
-  if not out then error(msg, level == 0 and 0 or level + 1) end
+  if not out then C.raise(msg) end
   return out
 end
 

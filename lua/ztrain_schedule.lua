@@ -57,12 +57,10 @@ local function make(name, fn, c, extra)
 end
 S.mt = mt
 
--- The builder's checked arguments; an error points at the user's call
--- (level 3 from here: this, the builder, its caller).
+-- The builder's checked arguments; an error points at the user's call.
 local function args(name, t)
   local spec, where = spec_of(name)
-  local c = K.checked(t == nil and {} or t, spec, where, 3)
-  return c -- not a tail call: that would take this level away
+  return K.checked(t == nil and {} or t, spec, where)
 end
 
 -- What C reads of a schedule object, checked again (a script may have

@@ -1,4 +1,5 @@
 /* comm: MPI backend of the collective interface. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_AND, CPU_COUNT */
 #include "parallel/comm.h"
 
 #include <math.h>
@@ -20,7 +21,7 @@ const char *const zt_comm_op_names[ZT_OP_COUNT] = {
     "barrier",   "phase",          "send",      "recv"};
 
 static int next_id; /* groups are created in the same order on every rank */
-static int node_size = 1, node_rank, node_id;
+static int node_size = 1, node_rank, node_id, node_sharing = 1;
 
 static void half_init(void);
 
@@ -317,6 +318,7 @@ int zt_comm_tag_ub(const zt_comm *c) {
 int zt_comm_node_size(void) { return node_size; }
 int zt_comm_node_rank(void) { return node_rank; }
 int zt_comm_node_id(void) { return node_id; }
+int zt_comm_node_sharing(void) { return node_sharing; }
 
 int zt_comm_init(int *argc, char ***argv, zt_comm *world, const char *name,
                  double timeout_s, char *why) {
@@ -331,6 +333,22 @@ int zt_comm_init(int *argc, char ***argv, zt_comm *world, const char *name,
   MPI_Comm_rank(node, &node_rank);
   node_id = world->rank;
   MPI_Allreduce(MPI_IN_PLACE, &node_id, 1, MPI_INT, MPI_MIN, node);
+  /* ranks whose CPU affinity overlaps this one's compete for its cores
+   * (all of the node's under --bind-to none); ranks the launcher bound to
+   * cores of their own do not */
+  cpu_set_t mine, *all = malloc((size_t)node_size * sizeof *all);
+  if (sched_getaffinity(0, sizeof mine, &mine)) CPU_ZERO(&mine);
+  node_sharing = node_size;
+  if (all && MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, node) ==
+                 MPI_SUCCESS && CPU_COUNT(&mine) > 0) {
+    node_sharing = 0;
+    for (int r = 0; r < node_size; r++) {
+      cpu_set_t both;
+      CPU_AND(&both, &mine, &all[r]);
+      node_sharing += CPU_COUNT(&both) > 0;
+    }
+  }
+  free(all);
   MPI_Comm_free(&node);
   int rc = zt_watchdog_start(world, timeout_s, why);
   return rc;

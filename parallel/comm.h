@@ -105,6 +105,10 @@ void zt_comm_abort(int code) __attribute__((noreturn));
 int zt_comm_node_size(void);
 int zt_comm_node_rank(void);
 int zt_comm_node_id(void);
+/* Ranks of this node whose CPU affinity overlaps this rank's (itself
+ * included): those that share its cores. The node's size unless the
+ * launcher bound ranks to cores of their own. */
+int zt_comm_node_sharing(void);
 
 /* From now on, buffers in `be`'s device memory (be->is_device) travel
  * through host copies around MPI; nothing to do where that memory is host

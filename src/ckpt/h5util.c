@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -358,6 +359,60 @@ int zt_fs_check_writable(const char *what, const char *path, zt_err *e) {
                              : ZT_OK;
   free(copy);
   return rc;
+}
+
+/* The nearest of dir and its parents that exists, in *at (dir itself,
+ * or "." for a relative path none of whose parts exist). */
+static void nearest_existing(const char *dir, char *at, size_t n, struct stat *st) {
+  snprintf(at, n, "%s", dir);
+  while (stat(at, st)) {
+    if (!strcmp(at, ".") || !strcmp(at, "/")) {
+      memset(st, 0, sizeof *st);
+      return;
+    }
+    size_t k = strlen(at);
+    while (k > 1 && at[k - 1] == '/') at[--k] = 0; /* "a/b/" is "a/b" */
+    char *slash = strrchr(at, '/');
+    if (!slash)
+      snprintf(at, n, ".");
+    else if (slash == at)
+      at[1] = 0; /* "/x" lies in "/" */
+    else
+      *slash = 0;
+  }
+}
+
+int zt_fs_check_dir(const char *what, const char *dir, zt_err *e) {
+  char at[4096];
+  struct stat st;
+  nearest_existing(dir, at, sizeof at, &st);
+  int self = !strcmp(at, dir);
+  if (!S_ISDIR(st.st_mode))
+    return zt_err_set(e, ZT_EINPUT, "%s %s: %s is not a folder%s", what, dir, at,
+                      self ? "" : ", so no folder can be made inside it");
+  if (access(at, W_OK | X_OK))
+    return zt_err_set(e, ZT_EINPUT, "%s %s: cannot %s %s: %s", what, dir,
+                      self ? "write checkpoints into" : "create folders in", at, strerror(errno));
+  return ZT_OK;
+}
+
+int zt_fs_make_dirs(const char *what, const char *dir, int code, zt_err *e) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s", dir);
+  size_t len = strlen(path);
+  for (size_t i = 1; i <= len; i++) {
+    if (path[i] != '/' && path[i] != 0) continue;
+    char c = path[i];
+    path[i] = 0;
+    if (mkdir(path, 0777) && errno != EEXIST)
+      return zt_err_set(e, code, "%s %s: cannot create folder %s: %s", what, dir, path,
+                        strerror(errno));
+    path[i] = c;
+  }
+  struct stat st;
+  if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+    return zt_err_set(e, code, "%s %s: not a folder", what, dir);
+  return ZT_OK;
 }
 
 void zt_h5_checked_metadata(hid_t fapl) {

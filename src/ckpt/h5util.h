@@ -111,6 +111,15 @@ int zt_fs_publish(const char *tmp, const char *path, zt_err *e);
  * option in the message ("--save", "-o"). Found before any work. */
 int zt_fs_check_writable(const char *what, const char *path, zt_err *e);
 
+/* ZT_EINPUT when the folder dir cannot be written nor made: the nearest of
+ * it and its parents that exists is no folder, or not writable. Creates
+ * nothing; `what` names the setting in the message ("checkpoint.dir"). */
+int zt_fs_check_dir(const char *what, const char *dir, zt_err *e);
+
+/* Creates dir and its missing parents (mkdir -p); `code` (ZT_EINPUT or
+ * ZT_ERUNTIME) with the folder that could not be made and why. */
+int zt_fs_make_dirs(const char *what, const char *dir, int code, zt_err *e);
+
 /* Whether HDF5 can convert a stored number of this type safely: it
  * converts by the precision, offset and bit fields the file states, which
  * HDF5 1.10 does not check against the size (damaged ones read past the

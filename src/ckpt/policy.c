@@ -1,6 +1,8 @@
 /* policy: see policy.h. Only rank 0 touches the directory; the others learn
  * the outcome by broadcast. */
 #include "src/ckpt/policy.h"
+#include "src/ckpt/h5util.h"
+#include "src/core/timer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -79,10 +81,29 @@ static int finish(const char *dir, const char *name, int keep, zt_err *e) {
 static struct {
   char dir[4096], name[64];
   int keep, rank0;
+  double t0;
 } job;
 
 static void finish_async(zt_ckpt_async *a) {
-  if (job.rank0) a->rc = finish(job.dir, job.name, job.keep, &a->err);
+  if (!job.rank0) return;
+  a->rc = finish(job.dir, job.name, job.keep, &a->err);
+  /* the line a synchronous save gets from the CLI, when this one is done */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", job.dir, job.name);
+  struct stat st;
+  double dt = zt_timer_now() - job.t0;
+  if (!a->rc && !stat(path, &st)) {
+    printf("checkpoint %s written in the background: %.1f MB in %.2f s, step %lld\n", path,
+           st.st_size / 1e6, dt, (long long)a->step);
+    fflush(stdout);
+  }
+}
+
+int zt_ckpt_dir_make(const char *dir, zt_comm *world, int code, zt_err *e) {
+  int rc = world->rank == 0 ? zt_fs_make_dirs("checkpoint.dir", dir, code, e) : ZT_OK;
+  zt_comm_bcast(world, &rc, sizeof rc, ZT_U8, 0);
+  if (rc) zt_comm_bcast(world, e->msg, sizeof e->msg, ZT_U8, 0);
+  return rc ? (e->code = rc) : ZT_OK;
 }
 
 int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_async *async,
@@ -90,13 +111,7 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_
   zt_comm *world = &s->grid->world;
   int rc = async ? zt_ckpt_async_wait(async, e) : ZT_OK;
   if (rc) return rc;
-  if (world->rank == 0 && mkdir(dir, 0777) && errno != EEXIST)
-    rc = zt_err_set(e, ZT_ERUNTIME, "cannot create checkpoint dir %s: %s", dir, strerror(errno));
-  zt_comm_bcast(world, &rc, sizeof rc, ZT_U8, 0);
-  if (rc) {
-    zt_comm_bcast(world, e->msg, sizeof e->msg, ZT_U8, 0);
-    return e->code = rc;
-  }
+  if ((rc = zt_ckpt_dir_make(dir, world, ZT_ERUNTIME, e))) return rc;
   char name[64], path[4200];
   snprintf(name, sizeof name, "step_%08lld.h5", (long long)*s->step);
   snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -106,6 +121,7 @@ int zt_ckpt_dir_save(const char *dir, int keep, const zt_ckpt_state *s, zt_ckpt_
     snprintf(job.name, sizeof job.name, "%s", name);
     job.keep = keep;
     job.rank0 = world->rank == 0;
+    job.t0 = zt_timer_now();
     return zt_ckpt_async_start(async, path, s, finish_async, e);
   }
   rc = zt_ckpt_save(path, s, e);

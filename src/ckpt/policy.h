@@ -10,6 +10,10 @@
 
 #include "src/ckpt/ckpt.h"
 
+/* Collective. Rank 0 creates dir and its missing parents; every rank gets
+ * the outcome, a failure as `code` with the folder and the reason. */
+int zt_ckpt_dir_make(const char *dir, zt_comm *world, int code, zt_err *e);
+
 /* Collective. Saves at the current step into dir, updates `latest`, removes
  * the oldest beyond `keep`; *written gets the path (may be NULL). With
  * async, the save runs in the background (after waiting for the previous

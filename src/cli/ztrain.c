@@ -56,7 +56,9 @@ static const char usage[] =
     "                   e.g. -e 'train.steps = 10'\n"
     "      --steps N    total optimizer steps (sets train.steps)\n"
     "      --load PATH  start from this checkpoint (weights, optimizer, step), or\n"
-    "                   from a Hugging Face GPT-2/LLaMA folder (weights only)\n"
+    "                   from a Hugging Face GPT-2/LLaMA folder (weights only); it\n"
+    "                   trains up to train.steps, counted from step 0 (--steps 0:\n"
+    "                   load, and --save, without training)\n"
     "      --resume auto  start from the newest checkpoint in checkpoint.dir that\n"
     "                   loads (skipping damaged ones), or from scratch if none\n"
     "      --save PATH  write a checkpoint when training ends\n"
@@ -108,7 +110,11 @@ static const char usage[] =
     "names the kernels, their rate measured at start-up and the CPU's peak:\n"
     "threads x clock x FLOPs per cycle. MFU is measured against that peak, or\n"
     "against the measured rate where it is higher, so it never exceeds 100%;\n"
-    "train.peak_gflops overrides both.\n"
+    "train.peak_gflops overrides both. MFU and the peak are per rank.\n"
+    "\n"
+    "Threads: OMP_NUM_THREADS when set, else this rank's share of the cores in\n"
+    "its CPU affinity (divided among the node's ranks on the same cores); the\n"
+    "banner says which.\n"
     "\n"
     "Exit status: 0 success (also after a signal's checkpoint), 1 runtime\n"
     "failure (a failed save, a hang reported by the watchdog, too many\n"
@@ -293,13 +299,26 @@ static int schedule_main(int argc, char **argv) {
   return rc;
 }
 
-/* Threads: OMP_NUM_THREADS when set, else this node's cores shared evenly
- * among the ranks on it. */
-static void set_threads(void) {
-  if (getenv("OMP_NUM_THREADS")) return;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int n = (int)(cores / zt_comm_node_size());
-  omp_set_num_threads(n > 0 ? n : 1);
+/* Threads: OMP_NUM_THREADS when set, else the cores of this rank's CPU
+ * affinity shared evenly among the node's ranks that run on them (all of
+ * the node's under mpirun --bind-to none; none under --bind-to core).
+ * *why says which, for the banner. */
+static void set_threads(char *why, size_t n) {
+  const char *env = getenv("OMP_NUM_THREADS");
+  if (env && *env) {
+    snprintf(why, n, "OMP_NUM_THREADS=%.32s", env);
+    return;
+  }
+  int cores = zt_cpu_cores(), sharing = zt_comm_node_sharing(), nodes = zt_comm_node_size();
+  omp_set_num_threads(zt_report_rank_cores());
+  char ranks[96];
+  if (sharing == nodes)
+    snprintf(ranks, sizeof ranks, "%d rank%s on this node", nodes, nodes > 1 ? "s" : "");
+  else
+    snprintf(ranks, sizeof ranks, "%d rank%s on them; %d on this node, the others bound to other "
+             "cores", sharing, sharing > 1 ? "s" : "", nodes);
+  snprintf(why, n, "%d core%s in affinity / %s%s", cores, cores > 1 ? "s" : "", ranks,
+           cores < sharing ? ": more ranks than cores" : "");
 }
 
 /* SIGTERM / SIGUSR1 / SIGUSR2: finish the step, checkpoint, stop. */
@@ -315,15 +334,21 @@ static int any_signal(zt_comm *world) {
   return (int)sig;
 }
 
+/* "checkpoint PATH written: SIZE in TIME" (`at`: what follows, or ""). */
+static void say_ckpt(const char *path, const char *verb, double dt, const char *at) {
+  struct stat st;
+  if (stat(path, &st)) return;
+  printf("checkpoint %s %s: %.1f MB in %.2f s (%.2f GB/s)%s\n", path, verb, st.st_size / 1e6, dt,
+         dt > 0 ? st.st_size / dt / 1e9 : 0.0, at);
+  fflush(stdout);
+}
+
 /* Saves or loads `path`, and on rank 0 says how large and how fast. */
 static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_err *e) {
   double t0 = zt_timer_now();
   int rc = save ? zt_ckpt_save(path, cs, e) : zt_ckpt_load(path, cs, e);
-  double dt = zt_timer_now() - t0;
-  struct stat st;
-  if (!rc && cs->grid->world.rank == 0 && !stat(path, &st))
-    printf("checkpoint %s %s: %.1f MB in %.2f s (%.2f GB/s)\n", path, save ? "written" : "loaded",
-           st.st_size / 1e6, dt, dt > 0 ? st.st_size / dt / 1e9 : 0.0);
+  if (!rc && cs->grid->world.rank == 0)
+    say_ckpt(path, save ? "written" : "loaded", zt_timer_now() - t0, "");
   return rc;
 }
 
@@ -349,7 +374,7 @@ static double logical_params(const zt_model *m) {
 }
 
 static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *tr,
-                         const zt_report *rep) {
+                         const zt_report *rep, const char *threads_why) {
   const zt_model_cfg *c = &p->model;
   int64_t states, buffers;
   zt_trainer_bytes(tr, &states, &buffers);
@@ -367,7 +392,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
     snprintf(scratch, sizeof scratch, " (+ GEMM scratch %.1f MiB)", rep->scratch_bytes / 1048576.0);
   printf("ztrain %s | %s %d layers dim %d heads %d/%d vocab %d seq %d | %.2fM params\n"
          "grid dp %d x tp %d%s x pp %d, zero %d | batch %d = micro %d x accum %d x dp %d | "
-         "backend %s, %d threads/rank%s\n"
+         "backend %s, threads: %d per rank (%s)%s\n"
          "model states %.1f MiB/rank (+ buffers %.1f MiB) | activations %.1f MiB/rank%s%s | "
          "steps %lld..%lld | "
          "MFU against %.0f GFLOP/s per rank (%s)\n",
@@ -376,7 +401,7 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          p->parallel.dp, p->parallel.tp, c->sequence_parallel ? " (sequence parallel)" : "",
          p->parallel.pp, p->parallel.zero.stage,
          p->train.global_batch, p->train.micro_batch, p->train.accum, p->parallel.dp,
-         m->be->name, omp_get_max_threads(), prec, states / 1048576.0, buffers / 1048576.0,
+         m->be->name, omp_get_max_threads(), threads_why, prec, states / 1048576.0, buffers / 1048576.0,
          m->act_bytes / 1048576.0, recompute, scratch, (long long)tr->t,
          (long long)p->train.steps, rep->peak_flops / 1e9,
          p->train.peak_gflops > 0            ? "train.peak_gflops"
@@ -441,7 +466,7 @@ int zt_cli_pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
   return ZT_OK;
 }
 
-static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
+static int train_main(const cli_args *a, zt_comm *world, const char *threads_why, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
@@ -464,7 +489,12 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
                     zt_dtype_name(plan.train.precision));
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
+  /* where periodic and signalled checkpoints go: made before the first
+   * step, once everything else has been checked (nothing made for bad input) */
+  int ckpt_dir = plan.ckpt.every > 0 || a->resume;
+  if (!rc && ckpt_dir) rc = zt_fs_check_dir("checkpoint.dir", plan.ckpt.dir, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
+  if (!rc && a->metrics) rc = zt_fs_check_writable("--metrics", a->metrics, e);
   if (!rc) rc = zt_data_open(&train_data, &plan.data.train_spec, plan.data.token_bytes,
                              plan.model.seq, plan.model.vocab, e);
   if (!rc && plan.data.val_spec.n)
@@ -513,13 +543,29 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
              *used ? used : plan.ckpt.dir, (long long)tr.t);
     if (!rc && rank0 && *used) warn_data_change(used, &plan, (long long)tr.t);
   }
+  /* --load past the end would train nothing and look like success;
+   * --steps 0 is the way to only load (and --save). A resumed run that
+   * is done is a requeued job that finished: nothing to do, exit 0. */
+  if (!rc && a->load && plan.train.steps > 0 && tr.t >= plan.train.steps)
+    rc = zt_err_set(e, ZT_EINPUT, "--load %s is at step %lld but train.steps is %lld: nothing to "
+                    "train (train.steps counts from step 0, not from the checkpoint); use --steps "
+                    "%lld to train %lld more, or --steps 0 to only load%s", a->load,
+                    (long long)tr.t, (long long)plan.train.steps,
+                    (long long)(tr.t + plan.train.steps), (long long)plan.train.steps,
+                    a->save ? " and --save" : "");
+  rc = agree(world, rc, e);
+  if (!rc && ckpt_dir) rc = zt_ckpt_dir_make(plan.ckpt.dir, world, ZT_EINPUT, e);
   if (!rc) {
     zt_peak pk;
-    zt_report_peak(be, rank0 && plan.train.log_every > 0, &pk);
-    double peak = plan.train.peak_gflops > 0 ? plan.train.peak_gflops : zt_report_peak_gflops(&pk);
+    /* a declared peak needs no probe */
+    int declared = plan.train.peak_gflops > 0;
+    zt_report_peak(be, rank0 && plan.train.log_every > 0 && !declared, &pk);
+    double peak = declared ? plan.train.peak_gflops : zt_report_peak_gflops(&pk);
+    /* MFU per rank against a rank's peak: a step's tokens are the global
+     * batch's, which dp ranks share and every tp and pp rank works on a
+     * part of */
     rc = zt_report_open(&rep, rank0, a->metrics, plan.train.log_every, tr.t, plan.train.steps,
-                        zt_model_flops_per_token(&model) / (plan.parallel.tp * plan.parallel.pp),
-                        peak, e);
+                        zt_model_flops_per_token(&model) / world->size, peak, e);
     rep.gemm = pk;
     rep.scratch_bytes = zt_model_gemm_scratch(&model);
   }
@@ -532,7 +578,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
     rc = zt_trace_start(world->rank, label, e);
   }
   rc = agree(world, rc, e);
-  if (!rc && rank0) print_banner(&plan, &model, &tr, &rep);
+  if (!rc && rank0) print_banner(&plan, &model, &tr, &rep, threads_why);
   while (!rc && tr.t < plan.train.steps) {
     zt_step_stats st;
     char where[32];
@@ -554,8 +600,16 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
       /* a stop is the last chance: that save is synchronous, after the one
        * in the background (HDF5 runs on one thread at a time) */
       if (stop) rc = zt_ckpt_async_wait(&bg, e);
-      if (!rc) rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs,
-                            plan.ckpt.async && !stop ? &bg : NULL, path, sizeof path, e);
+      int async = plan.ckpt.async && !stop;
+      double t0 = zt_timer_now();
+      if (!rc) rc = zt_ckpt_dir_save(plan.ckpt.dir, plan.ckpt.keep, &cs, async ? &bg : NULL, path,
+                                     sizeof path, e);
+      /* a stop says so itself, below; one in the background when it is done */
+      if (!rc && !stop && !async && rank0) {
+        char at[64];
+        snprintf(at, sizeof at, ", step %lld", (long long)tr.t);
+        say_ckpt(path, "written", zt_timer_now() - t0, at);
+      }
       if (!rc && stop && rank0)
         printf("ztrain: %s: checkpoint %s written at step %lld; stopping\n",
                stop == SIGTERM ? "SIGTERM" : stop == SIGUSR2 ? "SIGUSR2" : "SIGUSR1", path,
@@ -620,13 +674,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ztrain: %s: %s\n", wrc == -2 ? "error" : "warning: no hang watchdog", why);
   if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0; /* every rank saw it; nothing more to say */
   if (!rc) {
-    set_threads();
+    char threads_why[160];
+    set_threads(threads_why, sizeof threads_why);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGUSR2, &sa, NULL);
-    rc = train_main(&a, &world, &e);
+    rc = train_main(&a, &world, threads_why, &e);
   }
   if (rc && world.rank == 0 && e.msg[0]) fprintf(stderr, "ztrain: error: %s\n", e.msg);
   for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);

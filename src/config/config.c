@@ -25,6 +25,7 @@
 #include "src/data/tokenizer.h"
 
 struct zt_lua_module { const char *name; const char *src; size_t len; };
+static char *read_text(const char *path);
 extern const struct zt_lua_module zt_lua_modules[];
 
 /* package.searchers entry: modules of lua/ from ZTRAIN_LUA_PATH when set
@@ -33,14 +34,20 @@ static int search_embedded(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   const char *dir = getenv("ZTRAIN_LUA_PATH");
   if (dir && *dir) {
+    /* named as the embedded copy is: the library's frames are told from
+     * the user's by that name ("[ztrain]/...") */
     lua_pushfstring(L, "%s/%s.lua", dir, name);
     const char *path = lua_tostring(L, -1);
-    if (luaL_loadfile(L, path) == LUA_OK) {
+    char *text = read_text(path);
+    if (text) {
+      lua_pushfstring(L, "=[ztrain]/%s.lua", name);
+      int st = luaL_loadbuffer(L, text, strlen(text), lua_tostring(L, -1));
+      free(text);
+      if (st != LUA_OK) return lua_error(L);
       lua_pushstring(L, path);
       return 2;
     }
-    if (!strstr(lua_tostring(L, -1), "cannot open")) return lua_error(L);
-    lua_pop(L, 2);
+    lua_pop(L, 1);
   }
   for (const struct zt_lua_module *m = zt_lua_modules; m->name; m++)
     if (!strcmp(m->name, name)) {
@@ -185,23 +192,44 @@ static void backstop_stop(backstop *bs) {
   pthread_mutex_destroy(&bs->lock);
 }
 
-/* Message handler: an error value that is not a string still says what
- * it is, and where the script was, as near as the hook knows. */
+/* The innermost of the user's functions on the stack (not the library's
+ * "[ztrain]/..." chunks, not C): pushes "file:line" and returns 1, or 0. */
+static int push_user_where(lua_State *L) {
+  lua_Debug ar;
+  for (int level = 1; lua_getstack(L, level, &ar); level++)
+    if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0 && ar.short_src[0] != '[') {
+      lua_pushfstring(L, "%s:%d", ar.short_src, ar.currentline);
+      return 1;
+    }
+  return 0;
+}
+
+/* Message handler: an error raised at one of the library's own lines
+ * (a check the library makes without naming the user's line, or a fault
+ * in it) is put at the user's line that called into the library, the
+ * library's position kept at the end; an error value that is not a
+ * string still says what it is, and where the script was, as near as the
+ * hook knows. */
 static int error_text(lua_State *L) {
-  if (lua_type(L, 1) == LUA_TSTRING) return 1;
+  if (lua_type(L, 1) == LUA_TSTRING) {
+    const char *msg = lua_tostring(L, 1), *colon;
+    size_t n;
+    if (!strncmp(msg, "[ztrain]/", 9) && (colon = strchr(msg + 9, ':')) &&
+        (n = strspn(colon + 1, "0123456789")) > 0 && colon[1 + n] == ':' &&
+        push_user_where(L)) {
+      const char *user = lua_tostring(L, -1);
+      const char *lib = lua_pushlstring(L, msg, (size_t)(colon + 1 + n - msg));
+      lua_pushfstring(L, "%s:%s (at %s)", user, colon + 2 + n, lib);
+    }
+    return 1;
+  }
   if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
   void *ud;
   lua_getallocf(L, &ud);
   const script_budget *b = ud;
   const char *at = b->where[0] ? b->where : b->script;
-  lua_Debug ar;
   /* the innermost of the user's functions on the stack raised it */
-  for (int level = 1; lua_getstack(L, level, &ar); level++)
-    if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0 && ar.short_src[0] != '[') {
-      lua_pushfstring(L, "%s:%d", ar.short_src, ar.currentline);
-      at = lua_tostring(L, -1);
-      break;
-    }
+  if (push_user_where(L)) at = lua_tostring(L, -1);
   lua_pushfstring(L, "%s: error(...) with a %s value, not a message", at, luaL_typename(L, 1));
   return 1;
 }
@@ -656,6 +684,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     lua_setfield(L, LUA_REGISTRYINDEX, "ztrain._schedule_lists");
     lua_pop(L, 1);
   }
+  char model_at[LUA_IDSIZE + 24] = "";
   if (!rc) rc = run_chunk(L, luaL_loadfile(L, script), e);
   for (int i = 0; i < nstmts && !rc; i++)
     rc = run_chunk(L, luaL_loadbuffer(L, stmts[i], strlen(stmts[i]), "=(-e)"), e);
@@ -667,6 +696,11 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   if (!rc) {
     lua_getfield(L, -1, "model");
     read_model(L, &p->model);
+    lua_getfield(L, -1, "at"); /* "file:line: " */
+    snprintf(model_at, sizeof model_at, "%s", lua_isstring(L, -1) ? lua_tostring(L, -1) : "");
+    lua_pop(L, 1);
+    size_t k = strlen(model_at);
+    while (k && (model_at[k - 1] == ' ' || model_at[k - 1] == ':')) model_at[--k] = 0;
     lua_getfield(L, -2, "train");
     read_train(L, &p->train);
     p->model.recompute = read_recompute(L, p->model.layers);
@@ -683,7 +717,11 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     p->parallel.zero.reduce_dtype = p->train.grad_reduce;
     lua_pop(L, 5);
   }
-  if (!rc) rc = zt_model_cfg_check(&p->model, e);
+  if (!rc && (rc = zt_model_cfg_check(&p->model, e)) && model_at[0]) {
+    char msg[sizeof e->msg];
+    snprintf(msg, sizeof msg, "%s", e->msg);
+    zt_err_set(e, rc, "%s: %s", model_at, msg); /* the user's line that set the shape */
+  }
   if (!rc) rc = check_tokenizer(p, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);

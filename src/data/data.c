@@ -23,6 +23,22 @@ static uint32_t token_at(const zt_tokens *t, int64_t i) {
   return t->width == 2 ? (uint32_t)(p[0] | p[1] << 8) : rd32(p);
 }
 
+/* A headerless file read as 16-bit tokens that holds 32-bit ones: over
+ * up to 4096 pairs spread through it, every second 16-bit word (the high
+ * half of a little-endian u32 below 65536) is 0 and the others are not
+ * all 0. Read as u16 it would train on its tokens interleaved with zeros,
+ * in silence. Returns the pairs sampled, or 0 when it does not look so. */
+static int64_t looks_like_u32(const zt_tokens *t) {
+  if (t->width != 2 || t->count % 2 || t->count < 16) return 0;
+  int64_t pairs = t->count / 2, step = pairs > 4096 ? pairs / 4096 : 1, n = 0;
+  int low = 0;
+  for (int64_t p = 0; p < pairs; p += step, n++) {
+    if (token_at(t, 2 * p + 1)) return 0;
+    low |= token_at(t, 2 * p) != 0;
+  }
+  return low ? n : 0;
+}
+
 /* zt_tokens_open without cleanup: on error, t may hold a mapping. */
 static int open_tokens(zt_tokens *t, const char *path, int token_bytes, int seq,
                        int vocab, zt_err *e) {
@@ -78,6 +94,12 @@ static int open_tokens(zt_tokens *t, const char *path, int token_bytes, int seq,
                       "tokens (wrong data.dtype?)", path, body, t->width);
   }
   t->count = (int64_t)(body / (size_t)t->width);
+  int64_t sampled = t->data == b ? looks_like_u32(t) : 0;
+  if (sampled)
+    return zt_err_set(e, ZT_EINPUT,
+                      "data file %s has no header and looks like 32-bit tokens: read as 16-bit "
+                      "ones (data.dtype = \"u16\", the default), every second token is 0 (in all "
+                      "%lld pairs sampled); set data.dtype = \"u32\"", path, (long long)sampled);
   if (seq > 0 && t->count < (int64_t)seq + 1) /* seq 0: a member of a list */
     return zt_err_set(e, ZT_EINPUT,
                       "data file %s holds %lld tokens; seq %d needs at least "
@@ -86,12 +108,17 @@ static int open_tokens(zt_tokens *t, const char *path, int token_bytes, int seq,
   t->samples = seq > 0 ? (t->count - 1) / seq : 0;
   for (int64_t i = 0; i < t->count; i++) {
     uint32_t v = token_at(t, i);
-    if (v >= (uint32_t)vocab)
-      return zt_err_set(e, ZT_EINPUT,
-                        "data file %s: token %u at index %lld (byte offset "
-                        "%lld) is out of range for vocab %d",
-                        path, v, (long long)i,
-                        (long long)((t->data - b) + i * t->width), vocab);
+    if (v < (uint32_t)vocab) continue;
+    /* both halves in range: 16-bit tokens read as 32-bit ones */
+    int u16 = t->data == b && t->width == 4 && (v & 0xffff) < (uint32_t)vocab &&
+              v >> 16 < (uint32_t)vocab;
+    return zt_err_set(e, ZT_EINPUT,
+                      "data file %s: token %u at index %lld (byte offset "
+                      "%lld) is out of range for vocab %d%s",
+                      path, v, (long long)i,
+                      (long long)((t->data - b) + i * t->width), vocab,
+                      u16 ? " (the file has no header: 16-bit tokens, read as 32-bit ones? "
+                            "data.dtype = \"u16\" reads it as two in range)" : "");
   }
   return ZT_OK;
 }

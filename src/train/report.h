@@ -15,10 +15,16 @@
 
 /* The GEMM rate against what the CPU's vector units allow: the banner's
  * GEMM line and MFU's denominator. */
+#define ZT_PEAK_TIMINGS 5 /* SGEMMs the start-up probe times */
+
 typedef struct zt_peak {
-  double measured;    /* GFLOP/s of the start-up SGEMM probe; 0 = not run */
+  double measured;    /* GFLOP/s of the start-up SGEMM probe, its best
+                       * timing; 0 = not run */
+  double median, slowest; /* and its other timings: their spread */
+  int timings;
   double cpu;         /* threads x clock x FLOPs per cycle; 0 = unknown */
-  int threads, cores; /* the probe's threads; cores this process may use */
+  int threads, cores; /* the probe's threads; cores this rank may count as its
+                       * own (zt_report_rank_cores) */
   double ghz;         /* the clock in cpu, and where it came from */
   const char *clock_from;
   int flops_per_cycle;
@@ -47,8 +53,13 @@ void zt_report_step(zt_report *r, const zt_step_stats *st);
 void zt_report_eval(zt_report *r, int64_t step, double val_loss);
 void zt_report_close(zt_report *r);
 
-/* Best of a few large SGEMMs on the backend, in GFLOP/s. */
-double zt_report_measure_peak_gflops(const zt_backend *be);
+/* Times n_rates large SGEMMs on the backend (after one to warm up):
+ * rates[] gets their GFLOP/s, slowest first; returns how many ran. */
+int zt_report_measure_peak_gflops(const zt_backend *be, double *rates, int n_rates);
+
+/* The cores this rank may count as its own: its CPU affinity divided
+ * among the node's ranks that share it (at least 1). */
+int zt_report_rank_cores(void);
 
 /* The CPU's theoretical peak for this process's threads and, with
  * measure, the probe's rate and a warning when it is far below the peak. */

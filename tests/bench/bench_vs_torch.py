@@ -132,7 +132,7 @@ def gemm_banner(text):
     line = next((ln for ln in text.splitlines() if ln.startswith("GEMM: ")), "")
     m = re.search(r", (\d+) GFLOP/s per rank measured", line)
     p = re.search(r"CPU peak (\d+)", line)
-    path = re.sub(r", \d+ GFLOP/s per rank measured|, CPU peak \d+ \([^)]*\)", "", line[len("GEMM: "):])
+    path = re.sub(r", \d+ GFLOP/s per rank measured(?: \([^)]*\))?|, CPU peak \d+ \([^)]*\)", "", line[len("GEMM: "):])
     return {"gemm": path,
             "gemm_line": line,
             "gemm_gflops": float(m.group(1)) if m else None,

@@ -20,6 +20,11 @@ def write(path, toks, vocab=256):
         f.write(struct.pack("<%dH" % len(toks), *toks))
 write("ok.bin", [i % 200 for i in range(300)])
 write("big.bin", [300 if i == 5 else 7 for i in range(300)], vocab=0)
+# headerless: u32 tokens (read as u16 by default) and u16 ones (read as u32)
+with open("raw32.bin", "wb") as f:
+    f.write(struct.pack("<300I", *[1 + i % 200 for i in range(300)]))
+with open("raw16.bin", "wb") as f:
+    f.write(struct.pack("<300H", *[1 + i % 200 for i in range(300)]))
 PY
 
 base() { # a valid script; $1 = extra lines
@@ -78,8 +83,19 @@ quick() {
   fi
 }
 
+# a checkpoint at step 2, for --load past train.steps
+base "" > small.lua
+"$Z" small.lua --save at2.h5 > /dev/null 2>&1 || { echo "FAIL: could not write at2.h5"; fail=$((fail + 1)); }
+
 run_cases() {
   local np=$1
+  # checkpoint.dir that cannot be made: at start-up, not at the first save
+  expect 2 "checkpoint.dir ok.bin/ck: ok.bin is not a folder, so no folder can be made inside it" "$np" \
+    "$(base "checkpoint = {dir = 'ok.bin/ck', every = 100}")"
+  # --load at or past train.steps trains nothing: refused, with what works;
+  # the checkpoint folder is not made for a refused run
+  expect 2 "--load at2.h5 is at step 2 but train.steps is 1: nothing to train (train.steps counts from step 0, not from the checkpoint); use --steps 3 to train 1 more, or --steps 0 to only load and --save" \
+    "$np" "$(base "checkpoint = {dir = 'out/new/dir', every = 1}")" --load at2.h5 --steps 1
   expect 2 "case.lua:3:" "$np" "local zt = require 'ztrain'
 model = zt.gpt{vocab = 256,
 train = }"
@@ -94,7 +110,7 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
   expect 2 "train.steps must be an integer >= 0, got \"ten\"" "$np" "$(base "train.steps = 'ten'")"
   expect 2 "unknown global table 'trian' (did you mean 'train'?)" "$np" \
     "$(base "trian = train; train = nil")"
-  expect 2 "dim 30 is not divisible by heads 4" "$np" \
+  expect 2 "case.lua:5: zt.gpt: dim 30 is not divisible by heads 4" "$np" \
     "$(base "model = zt.gpt{vocab = 256, seq = 16, dim = 30, layers = 1, heads = 4}")"
   expect 2 "heads 6 is not divisible by kv_heads 4" "$np" \
     "$(base "model = zt.llama{vocab = 256, seq = 16, dim = 48, layers = 1, heads = 6, kv_heads = 4}")"
@@ -133,7 +149,6 @@ model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}"
 
 run_cases 1
 # A checkpoint of another model: name the tensor and both shapes.
-base "" > small.lua
 "$Z" small.lua --steps 0 --save other.h5 > /dev/null 2>&1 || { echo "FAIL: could not write other.h5"; fail=$((fail + 1)); }
 expect 2 "tensor embed.positions has shape [16, 32], the model expects [32, 32]" 1 \
   "$(base "model = zt.gpt{vocab = 256, seq = 32, dim = 32, layers = 1, heads = 2}")" --load other.h5
@@ -146,6 +161,54 @@ expect 2 "parallel.zero must be a stage 0, 1, 2 or 3, or {stage = ..., bucket_by
   "$(base "parallel = {zero = 5}")"
 expect 2 "parallel.zero: unknown key 'bucket' (did you mean 'bucket_bytes'?)" 1 \
   "$(base "parallel = {zero = {stage = 2, bucket = 1}}")"
+
+# A misspelt table, near a known name or not, is not ignored in silence.
+quick 2 "unknown global table 'datta' (did you mean 'data'?); ztrain reads only model, parallel, train, data, checkpoint, schedule; a table of your own must be local (local datta = {...})" \
+  "$(base "datta = {shuffle = false}")"
+quick 2 "unknown global table 'settings'; ztrain reads only" "$(base "settings = {steps = 5}")"
+# A headerless file of the other width: a hint, not zeros or a bare range error.
+expect 2 'raw32.bin has no header and looks like 32-bit tokens: read as 16-bit ones (data.dtype = "u16", the default), every second token is 0 (in all 300 pairs sampled); set data.dtype = "u32"' \
+  1 "$(base "data.train = 'raw32.bin'")"
+expect 2 'out of range for vocab 256 (the file has no header: 16-bit tokens, read as 32-bit ones? data.dtype = "u16" reads it as two in range)' \
+  1 "$(base "data = {train = 'raw16.bin', dtype = 'u32'}")"
+# and each read with its own width trains
+for f in "raw32.bin', dtype = 'u32" "raw16.bin"; do
+  base "data = {train = '$f'}" > case.lua
+  "$Z" case.lua > stdout.txt 2> stderr.txt || { fail=$((fail + 1)); echo "FAIL data = {train = '$f'}: exit $?"; head -3 stderr.txt; }
+done
+
+# A nested checkpoint.dir that does not exist yet: made with its parents
+# at start-up (--resume auto finds it empty), then each save says so.
+rm -rf out && mkdir out
+base "checkpoint = {dir = 'out/a/b/c', every = 1}" > case.lua
+"$Z" case.lua --resume auto > stdout.txt 2> stderr.txt
+rc=$? why=""
+[ "$rc" = 0 ] || why="exit code $rc"
+grep -q "^no checkpoint in out/a/b/c: starting at step 0$" stdout.txt || why="$why; no fresh-start line"
+for s in 1 2; do
+  [ -f "out/a/b/c/step_0000000$s.h5" ] || why="$why; no step_0000000$s.h5"
+  grep -Eq "^checkpoint out/a/b/c/step_0000000$s.h5 written: [0-9.]+ MB in [0-9.]+ s \([0-9.]+ GB/s\), step $s$" stdout.txt ||
+    why="$why; no line for the save at step $s"
+done
+if [ -z "$why" ]; then pass=$((pass + 1)); else
+  fail=$((fail + 1)); echo "FAIL nested checkpoint.dir: $why"; sed 's/^/    /' stdout.txt stderr.txt | head -12
+fi
+
+# The library's errors name the user's file and line: a builder reached
+# through pcall (a C function in between), a shape C checks after the
+# script at the line that last set it, a script in a folder of its own.
+quick 2 "case.lua:5: zt.gpt: unknown key 'head' (did you mean 'heads'?)" \
+  "$(base "local ok, err = pcall(zt.gpt, {vocab = 256, seq = 16, dim = 32, layers = 1, head = 2}) if not ok then error(err, 0) end")"
+quick 2 "(-e):1: zt.gpt: dim 32 is not divisible by heads 3" "$(base "")" -e "model.heads = 3"
+mkdir -p runs/exp1
+base "model = zt.llama{vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2, kv_head = 1}" > runs/exp1/my_run.lua
+"$Z" runs/exp1/my_run.lua > stdout.txt 2> stderr.txt
+rc=$?
+if [ "$rc" = 2 ] && grep -qF "ztrain: error: runs/exp1/my_run.lua:5: zt.llama: unknown key 'kv_head' (did you mean 'kv_heads'?)" stderr.txt; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL script in a folder: exit $rc"; sed 's/^/    stderr: /' stderr.txt | head -3
+fi
 
 # Values: NaN, infinities, fractions and integers beyond the C type are
 # refused with the value as written and the allowed range, never a Lua

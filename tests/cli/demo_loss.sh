@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo learns: examples/demo.lua, shortened to 120 steps, must bring the
 # validation loss on the generated corpus below 1.5 nats per byte (uniform
-# over bytes is 5.55, the corpus' unigram entropy about 3; measured 1.26).
+# over bytes is 5.55, the corpus' unigram entropy about 3; measured 1.317,
+# the same to four digits at micro_batch 8 and 4 and at 1, 2 and 4 ranks).
 # Usage: demo_loss.sh ZTRAIN
 set -eu
 Z=$(realpath "$1")

@@ -42,13 +42,28 @@ expect "help says what MFU is measured against" 'MFU is measured against that pe
 
 # the banner: path, measured rate, the CPU's peak, and MFU against it
 if train "$Z"; then ok "plain run"; else bad "plain run exits $?"; fi
-expect "banner names path and rate" \
-  '^GEMM: (oneDNN|OpenBLAS) .*\), [0-9]+ GFLOP/s per rank measured, CPU peak [0-9]+ \(' out.txt
+expect "banner names path, rate and its spread" \
+  '^GEMM: (oneDNN|OpenBLAS) .*\), [0-9]+ GFLOP/s per rank measured \(best of [0-9]+ timings; median [0-9]+, slowest [0-9]+\), CPU peak [0-9]+ \(' out.txt
 expect "MFU against the CPU peak" \
   'MFU against [0-9]+ GFLOP/s per rank \((the CPU peak below|measured SGEMM, above the CPU peak)\)' out.txt
 isa=$(sed -nE 's/^GEMM: .* FLOP\/cycle of ([^;]*);.*/\1/p' out.txt)
 loss_plain=$(loss)
 cp out.txt plain.txt
+
+# MFU is per rank, against one rank's peak: at dp 2 each rank computes half
+# of a step's tokens. With a declared peak of 1 GFLOP/s (no probe), MFU% =
+# tok/s x FLOPs per token (run.lua: 6 x 32768 matmul parameters + 12 x L x
+# C x T = 208896) / 2 ranks / 1e9 x 100; before this was per rank, twice that.
+if OMP_NUM_THREADS=1 "$@" -np 2 "$Z" run.lua -e 'train.peak_gflops = 1' > out.txt 2> err.txt; then
+  ok "np 2 run with a declared peak"
+else bad "np 2 run with a declared peak exits $?"; fi
+expect "declared peak named" 'MFU against 1 GFLOP/s per rank \(train.peak_gflops\)' out.txt
+if grep -q 'GFLOP/s per rank measured' out.txt; then bad "a declared peak still ran the probe"
+else ok "a declared peak runs no probe"; fi
+mfu_check=$(sed -nE 's/^step 2\/2 .*\| ([0-9]+) tok\/s \| MFU ([0-9.]+)%.*/\1 \2/p' out.txt |
+  awk '{ want = $1 * 208896 / 2 / 1e9 * 100; d = $2 - want; if (d < 0) d = -d;
+         printf "%s MFU %s%%, want %.2f%% from %s tok/s\n", (d <= 0.06 + 1e-4 * want) ? "ok" : "bad", $2, want, $1 }')
+case "$mfu_check" in ok*) ok "MFU per rank: ${mfu_check#ok }" ;; *) bad "MFU per rank: '$mfu_check'" ;; esac
 
 # a user's OPENBLAS_CORETYPE is respected; below the CPU it is a warning
 if train env OPENBLAS_CORETYPE=Prescott "$Z"; then ok "user Prescott run"; else bad "user Prescott run exits $?"; fi
