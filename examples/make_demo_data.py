@@ -7,9 +7,16 @@ structure for a small byte-level model to learn within a minute — spelling,
 word order, agreement between a count and a plural, sums that add up — so the
 demo's falling loss means something. Then `ztrain tokenize` turns it into
 DIR/demo_train.bin and DIR/demo_val.bin.
+
+It also writes more of the same text (another seed) as a Megatron-LM
+indexed dataset, DIR/demo_docs.bin + DIR/demo_docs.idx, one paragraph per
+document, byte tokens as uint16: what Megatron's preprocess_data.py would
+give with a byte tokenizer, for the README's blend of two sources.
 """
+import array
 import os
 import random
+import struct
 import subprocess
 import sys
 
@@ -57,6 +64,26 @@ def corpus(seed=1, paragraphs=3000):
                        for _ in range(paragraphs)) + "\n"
 
 
+def write_megatron(prefix, docs):
+    """PREFIX.bin/.idx in Megatron's MMapIndexedDataset layout (version 1):
+    each document one sequence of uint16 tokens (dtype code 8)."""
+    lens = [len(d) for d in docs]
+    with open(prefix + ".bin.tmp", "wb") as f:
+        for d in docs:
+            array.array("H", d).tofile(f)
+    with open(prefix + ".idx.tmp", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+        array.array("i", lens).tofile(f)
+        ptrs, at = [], 0
+        for n in lens:
+            ptrs.append(at)
+            at += 2 * n
+        array.array("q", ptrs).tofile(f)
+        array.array("q", range(len(docs) + 1)).tofile(f)
+    os.replace(prefix + ".bin.tmp", prefix + ".bin")
+    os.replace(prefix + ".idx.tmp", prefix + ".idx")
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
@@ -67,6 +94,8 @@ def main():
     with open(text_path + ".tmp", "w") as f:
         f.write(corpus())
     os.replace(text_path + ".tmp", text_path)
+    docs = corpus(seed=2, paragraphs=1000).strip("\n").split("\n\n")
+    write_megatron(os.path.join(out, "demo_docs"), [list((d + "\n\n").encode()) for d in docs])
     ztrain = os.environ.get("ZTRAIN", os.path.join(os.path.dirname(__file__), "..", "build", "ztrain"))
     return subprocess.call([ztrain, "tokenize", text_path, os.path.join(out, "demo_train.bin"),
                             "--val", os.path.join(out, "demo_val.bin"), "--val-fraction", "0.05"])
