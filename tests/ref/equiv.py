@@ -7,14 +7,14 @@ Every step's loss must agree within --loss-rtol (relative) and every /model
 tensor within --weight-rtol in relative L2 distance ‖a−b‖/‖b‖ (Adam turns
 reduction-order noise in rarely-updated rows into element-wise differences
 of order lr, so an element-wise maximum is the wrong measure; the gpt key
-bias is left out, see compare.weight_distance). Exit 0 on pass, 1 on
+bias is left out, see zcheck.weight_distance). Exit 0 on pass, 1 on
 failure; an empty or misaligned run fails.
 """
 import argparse
 import sys
 
-import ztorch
-from compare import read_metrics, rel, weight_distance
+import zcheck
+from zcheck import read_metrics, rel, weight_distance
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
         if not d <= a.loss_rtol:
             bad.append(f"step {x['step']}: loss {x['loss']!r} vs {r['loss']!r} (rel {d:.3e})")
 
-    want, got = ztorch.read_checkpoint(a.ref_ckpt), ztorch.read_checkpoint(a.ckpt)
+    want, got = zcheck.read_checkpoint(a.ref_ckpt), zcheck.read_checkpoint(a.ckpt)
     names = sorted(want.model)
     if not names or names != sorted(got.model):
         bad.append("the checkpoints hold different tensors")

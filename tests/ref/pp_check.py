@@ -16,8 +16,8 @@ within 1%. Exit 0 on pass, 1 on failure.
 """
 import sys
 
-import ztorch
-from compare import read_metrics
+import zcheck
+from zcheck import read_metrics
 from grid_check import local_count, unit_of
 
 
@@ -27,7 +27,7 @@ def main() -> int:
         return 2
     run, (pp, tp, dp, zero, chunks) = sys.argv[1], map(int, sys.argv[2:])
     rows = read_metrics(run + "/m.jsonl")
-    ck = ztorch.read_checkpoint(run + "/final.h5")
+    ck = zcheck.read_checkpoint(run + "/final.h5")
     m, train = ck.plan["model"], ck.plan["train"]
     L, V = m["layers"], pp * chunks
     stages = ck.plan["parallel"]["stages"]
