@@ -3,7 +3,7 @@
 # dp in {1,2,4}, dp*tp <= 8, zero 0..3, against the single process, with
 # gradient accumulation and clipping; traffic and memory against their
 # formulas (tests/ref/grid_check.py); with sequence parallelism at tp 2
-# and 4, dp 1 and 2, zero 0..3; 5 steps each. llama also runs a second model with
+# and 4, dp 1 and 2, zero 0..3. llama also runs a second model with
 # kv_heads 2 at tp 4 (each kv head replicated over 2 TP ranks), with and
 # without sequence parallelism.
 # Usage: grid_equiv.sh ZTRAIN gpt|llama MPIRUN...
@@ -31,11 +31,8 @@ matrix() { # NAME MODEL TPS SP_TPS: the single process, then the grids with
   cat > run.lua <<LUA
 local zt = require "ztrain"
 model = $2
--- 5 steps: warmup and decay, clipping on every step, and four updates
--- that apply AdamW moments (sharded under ZeRO) built from earlier steps;
--- steps 6-10 of the 10 this had repeated the same traffic and states
-train = {micro_batch = 1, global_batch = 8, steps = 5, log_every = 0, clip = 0.3,
-         lr = zt.lr.cosine{peak = 2e-3, warmup = 2}, weight_decay = 0.1}
+train = {micro_batch = 1, global_batch = 8, steps = 10, log_every = 0, clip = 0.3,
+         lr = zt.lr.cosine{peak = 2e-3, warmup = 3}, weight_decay = 0.1}
 data = {train = "$W/tok.bin", shuffle = true}
 LUA
   (mkdir ref && cd ref && OMP_NUM_THREADS=1 "$Z" ../run.lua --metrics m.jsonl --save final.h5 > out.txt)
