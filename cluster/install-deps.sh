@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ztrain needs that are missing (build, run and,
-# unless --no-test, the test suite's PyTorch/h5py references). Idempotent:
-# installs nothing when everything is there. Needs root or sudo.
+# unless --no-test, the test suite's references: PyTorch/h5py, python3-venv
+# for tests/ref/venv.sh's transformers, chromium and python3-pil for the test
+# of `ztrain report`, which renders its page and reads the screenshot).
+# Idempotent: installs nothing when everything is there. Needs root or sudo.
 set -eu
 build=(build-essential cmake ninja-build pkg-config
        openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
-       liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev)
-test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch procps)
+       liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev
+       libpcre2-dev libsentencepiece-dev libutf8proc-dev)
+test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch python3-venv procps
+      chromium python3-pil python3-sentencepiece)
 want=("${build[@]}")
 [ "${1:-}" = "--no-test" ] || want+=("${test[@]}")
 

@@ -177,6 +177,16 @@ typedef struct zt_backend {
                    int T, int H, int KVH, int hd);
   void (*attn_bwd)(zt_stream *s, zt_dtype t, void *dqkv, const void *dout, const void *qkv,
                    const void *out, const float *lse, int B, int T, int H, int KVH, int hd);
+  /* Incremental decoding over a KV cache: qkv holds rows [0, T) of one
+   * sequence (as attn_fwd reads them: the keys and values of every
+   * position so far, with the queries of the last n); out[n, H*hd] =
+   * attn_fwd's output rows T - n .. T - 1 for B = 1 (each over its keys
+   * [0, row]), computed as attn_fwd computes them (the same online
+   * softmax over the same key tiles, query tiles from row T - n on),
+   * without lse; out is overwritten (=). One new token a step is n = 1:
+   * its cost grows with T, not T^2. */
+  void (*attn_decode)(zt_stream *s, zt_dtype t, void *out, const void *qkv, int T, int n, int H,
+                      int KVH, int hd);
 
   /* Cross-entropy: per-row loss[N] = logsumexp(logits) - logits[target];
    * logits are overwritten by dlogits = (softmax - onehot) * dscale. */

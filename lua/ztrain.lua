@@ -267,6 +267,70 @@ local function loss_scale_value(v)
   return res
 end
 
+-- data.train, data.val: a path (a token file or a Megatron-LM dataset
+-- prefix; globs allowed), a list of them (one stream, back to back), or a
+-- blend {{weight, path-or-list}, ...}. Normalised to {blend = bool, parts =
+-- {{weight = w, paths = {...}}, ...}}; C expands the globs.
+local source_what = 'a path, a list of paths {"a.bin", "dir/*.bin"} or a blend {{0.7, "a"}, {0.3, "b"}}'
+local function path_list(v, where)
+  if type(v) == "string" then return { v } end
+  if type(v) ~= "table" or rawlen(v) == 0 then
+    return nil, string.format("%s must be a path or a non-empty list of paths, got %s", where, describe(v))
+  end
+  local out = {}
+  for k in pairs(v) do
+    if math.type(k) ~= "integer" or k < 1 or k > rawlen(v) then
+      return nil, string.format("%s must be a list of paths, but has the key %s", where, describe(k))
+    end
+  end
+  for i = 1, rawlen(v) do
+    if type(v[i]) ~= "string" then
+      return nil, string.format("%s[%d] must be a path string, got %s", where, i, describe(v[i]))
+    end
+    out[i] = v[i]
+  end
+  return out
+end
+local function data_source(key)
+  local where = "data." .. key
+  return function(v)
+    if type(v) == "string" then return { blend = false, parts = { { weight = 1.0, paths = { v } } } } end
+    if type(v) ~= "table" or rawlen(v) == 0 then return nil, source_what end
+    if type(v[1]) ~= "table" then -- a list of paths
+      local paths, msg = path_list(v, where)
+      if not paths then return nil, nil, msg end
+      return { blend = false, parts = { { weight = 1.0, paths = paths } } }
+    end
+    local parts, sum = {}, 0.0
+    for k in pairs(v) do
+      if math.type(k) ~= "integer" or k < 1 or k > rawlen(v) then
+        return nil, nil, string.format("%s: a blend is a list {{weight, path}, ...}, but it has the key %s",
+                                       where, describe(k))
+      end
+    end
+    for i = 1, rawlen(v) do
+      local e, at = v[i], string.format("%s[%d]", where, i)
+      if type(e) ~= "table" or rawlen(e) ~= 2 or type(e[1]) ~= "number" then
+        return nil, nil, string.format("%s must be {weight, path} (a blend entry), got %s", at, describe(e))
+      end
+      local w = e[1]
+      if w ~= w or w == math.huge or w == -math.huge or w < 0 then
+        return nil, nil, string.format("%s: the weight must be a finite number >= 0, got %s", at,
+                                       K.number_text(w))
+      end
+      local paths, msg = path_list(e[2], at .. "[2]")
+      if not paths then return nil, nil, msg end
+      parts[i] = { weight = w + 0.0, paths = paths }
+      sum = sum + w
+    end
+    if not (sum > 0) or sum == math.huge then
+      return nil, nil, string.format("%s: the blend weights sum to %s; they must sum to a positive "
+                                     .. "number (e.g. {{0.7, \"a\"}, {0.3, \"b\"}})", where, K.number_text(sum))
+    end
+    return { blend = true, parts = parts }
+  end
+end
+
 local specs = {
   parallel = {
     dp = { dp_value, default = "auto" },
@@ -299,11 +363,12 @@ local specs = {
     grad_reduce_dtype = { oneof("fp32", "bf16", "fp16"), default = "fp32" },
   },
   data = {
-    train = { str, required = true },
-    val = { str },
+    train = { data_source("train"), required = true },
+    val = { data_source("val") },
     dtype = { oneof("u16", "u32"), default = "u16" },
     shuffle = { boolean, default = true },
     val_batches = { integer(1, INT_MAX), default = 4 },
+    tokenizer = { str, default = "byte" },
   },
   checkpoint = {
     dir = { str, default = "checkpoints" },

@@ -90,27 +90,32 @@ static void FN(attn_fwd_tile)(real *O, int os, real *L, const real *Q, const rea
   }
 }
 
+/* Query rows [q0, T) of each sample against their keys [0, row]: out
+ * [B, T - q0, H*hd] and lse [B, H, T - q0] (NULL: not kept). q0 = 0 is
+ * the whole forward (attn_fwd); q0 = T - n the last n rows over a KV cache
+ * (attn_decode), the same tiles from row q0 on. */
 #ifndef STORE
 /* Tasks are (query tile, sample, head), the longest rows (last tiles)
  * first, since the causal triangle makes them the most work. */
-void FN(attn_fwd)(store *out, real *lse, const store *qkv, int B, int T, int H, int KVH,
-                  int hd) {
-  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd, nq = (T + ATTN_BR - 1) / ATTN_BR;
+static void FN(attn_rows)(store *out, real *lse, const store *qkv, int B, int T, int q0, int H,
+                          int KVH, int hd) {
+  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd, n = T - q0;
+  int nq = (n + ATTN_BR - 1) / ATTN_BR;
   real scale = 1 / sqrt((real)hd);
   size_t stride;
-  real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 2 * ATTN_BR, &stride);
+  real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 3 * ATTN_BR, &stride);
 #pragma omp parallel
   {
     real *P = scratch + (size_t)omp_get_thread_num() * stride;
-    real *m = P + ATTN_BR * ATTN_BC, *l = m + ATTN_BR;
+    real *m = P + ATTN_BR * ATTN_BC, *l = m + ATTN_BR, *Lx = l + ATTN_BR;
 #pragma omp for collapse(3) schedule(dynamic)
     for (int t = 0; t < nq; t++)
       for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-          int i0 = (nq - 1 - t) * ATTN_BR, br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
+          int i0 = q0 + (nq - 1 - t) * ATTN_BR, br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
           const real *base = qkv + (size_t)b * T * rs;
-          FN(attn_fwd_tile)(out + ((size_t)b * T + i0) * os + (size_t)h * hd, os,
-                            lse + ((size_t)b * H + h) * T + i0,
+          FN(attn_fwd_tile)(out + ((size_t)b * n + i0 - q0) * os + (size_t)h * hd, os,
+                            lse ? lse + ((size_t)b * H + h) * n + i0 - q0 : Lx,
                             base + (size_t)i0 * rs + (size_t)h * hd,
                             base + (size_t)(H + h / G) * hd,
                             base + (size_t)(H + KVH + h / G) * hd, rs, i0, br, hd, scale, P, m,
@@ -121,37 +126,48 @@ void FN(attn_fwd)(store *out, real *lse, const store *qkv, int B, int T, int H, 
 }
 #else
 /* Tasks are (sample, head), all the same work: each widens its head's q
- * and its kv head's k and v ([T, hd] each) once, runs the query tiles on
- * them and rounds its output once. */
-void FN(attn_fwd)(store *out, real *lse, const store *qkv, int B, int T, int H, int KVH,
-                  int hd) {
-  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
+ * rows and its kv head's k and v ([T, hd] each) once, runs the query
+ * tiles on them and rounds its output once. */
+static void FN(attn_rows)(store *out, real *lse, const store *qkv, int B, int T, int q0, int H,
+                          int KVH, int hd) {
+  int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd, n = T - q0;
   real scale = 1 / sqrt((real)hd);
   size_t stride, Th = (size_t)T * hd;
-  real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 2 * ATTN_BR + 4 * Th, &stride);
+  real *scratch =
+      FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 3 * ATTN_BR + 4 * Th, &stride);
 #pragma omp parallel
   {
     real *P = scratch + (size_t)omp_get_thread_num() * stride;
-    real *m = P + ATTN_BR * ATTN_BC, *l = m + ATTN_BR;
-    real *Q = l + ATTN_BR, *K = Q + Th, *V = K + Th, *O = V + Th;
+    real *m = P + ATTN_BR * ATTN_BC, *l = m + ATTN_BR, *Lx = l + ATTN_BR;
+    real *Q = Lx + ATTN_BR, *K = Q + Th, *V = K + Th, *O = V + Th;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++) {
         const store *base = qkv + (size_t)b * T * rs;
-        FN(widen)(Q, base + (size_t)h * hd, (size_t)rs, T, hd, 0);
+        FN(widen)(Q, base + (size_t)q0 * rs + (size_t)h * hd, (size_t)rs, n, hd, 0);
         FN(widen)(K, base + (size_t)(H + h / G) * hd, (size_t)rs, T, hd, 0);
         FN(widen)(V, base + (size_t)(H + KVH + h / G) * hd, (size_t)rs, T, hd, 0);
-        for (int i0 = 0; i0 < T; i0 += ATTN_BR) {
+        for (int i0 = q0; i0 < T; i0 += ATTN_BR) {
           int br = T - i0 < ATTN_BR ? T - i0 : ATTN_BR;
-          FN(attn_fwd_tile)(O + (size_t)i0 * hd, hd, lse + ((size_t)b * H + h) * T + i0,
-                            Q + (size_t)i0 * hd, K, V, hd, i0, br, hd, scale, P, m, l);
+          FN(attn_fwd_tile)(O + (size_t)(i0 - q0) * hd, hd,
+                            lse ? lse + ((size_t)b * H + h) * n + i0 - q0 : Lx,
+                            Q + (size_t)(i0 - q0) * hd, K, V, hd, i0, br, hd, scale, P, m, l);
         }
-        FN(narrow)(out + (size_t)b * T * os + (size_t)h * hd, (size_t)os, O, T, hd, 0);
+        FN(narrow)(out + (size_t)b * n * os + (size_t)h * hd, (size_t)os, O, n, hd, 0);
       }
   }
   free(scratch);
 }
 #endif
+
+void FN(attn_fwd)(store *out, real *lse, const store *qkv, int B, int T, int H, int KVH,
+                  int hd) {
+  FN(attn_rows)(out, lse, qkv, B, T, 0, H, KVH, hd);
+}
+
+void FN(attn_decode)(store *out, const store *qkv, int T, int n, int H, int KVH, int hd) {
+  FN(attn_rows)(out, NULL, qkv, 1, T, T - n, H, KVH, hd);
+}
 
 /* One query tile, rows [i0, i0 + br) of one head: its dQ rows (=) and its
  * share of dK and dV over keys [0, i0 + br) (+=). Recomputes P =

@@ -185,6 +185,12 @@ static void cpu_attn_bwd(zt_stream *s, zt_dtype t, void *dqkv, const void *dout,
   PICK(t, attn_bwd, dqkv, dout, qkv, out, lse, B, T, H, KVH, hd);
 }
 
+static void cpu_attn_decode(zt_stream *s, zt_dtype t, void *out, const void *qkv, int T, int n,
+                            int H, int KVH, int hd) {
+  (void)s;
+  PICK(t, attn_decode, out, qkv, T, n, H, KVH, hd);
+}
+
 static void cpu_xent_fwd_bwd(zt_stream *s, zt_dtype t, void *logits, float *loss,
                              const int32_t *targets, int N, int V, float dscale) {
   (void)s;
@@ -291,6 +297,7 @@ static const zt_backend cpu = {
     .rope_bwd = cpu_rope_bwd,
     .attn_fwd = cpu_attn_fwd,
     .attn_bwd = cpu_attn_bwd,
+    .attn_decode = cpu_attn_decode,
     .xent_fwd_bwd = cpu_xent_fwd_bwd,
     .xent_max = cpu_xent_max,
     .xent_sumexp = cpu_xent_sumexp,

@@ -124,6 +124,10 @@ static void remote_attn_bwd(zt_stream *s, zt_dtype t, void *dqkv, const void *do
                             int Hh, int KVH, int hd) {
   cpu()->attn_bwd(s, t, H(dqkv), H(dout), H(qkv), H(out), HF(lse), B, T, Hh, KVH, hd);
 }
+static void remote_attn_decode(zt_stream *s, zt_dtype t, void *out, const void *qkv, int T,
+                               int n, int Hh, int KVH, int hd) {
+  cpu()->attn_decode(s, t, H(out), H(qkv), T, n, Hh, KVH, hd);
+}
 static void remote_xent_fwd_bwd(zt_stream *s, zt_dtype t, void *logits, float *loss,
                                 const int32_t *targets, int N, int V, float dscale) {
   cpu()->xent_fwd_bwd(s, t, H(logits), HF(loss), HI(targets), N, V, dscale);
@@ -191,6 +195,7 @@ const zt_backend *zt_backend_remote(void) {
     remote.rope_bwd = remote_rope_bwd;
     remote.attn_fwd = remote_attn_fwd;
     remote.attn_bwd = remote_attn_bwd;
+    remote.attn_decode = remote_attn_decode;
     remote.xent_fwd_bwd = remote_xent_fwd_bwd;
     remote.xent_max = remote_xent_max;
     remote.xent_sumexp = remote_xent_sumexp;

@@ -58,6 +58,8 @@
   void P##attn_bwd(store *dqkv, const store *dout, const store *qkv,         \
                    const store *out, const real *lse, int B, int T, int H,   \
                    int KVH, int hd);                                         \
+  void P##attn_decode(store *out, const store *qkv, int T, int n, int H,     \
+                      int KVH, int hd);                                      \
   void P##xent_fwd_bwd(store *logits, real *loss, const int32_t *targets,    \
                        int N, int V, real dscale);                           \
   void P##xent_max(real *stats, const store *logits, int N, int V);          \

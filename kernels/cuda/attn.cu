@@ -68,8 +68,10 @@ __device__ __forceinline__ void att_accum(float (*acc)[ATT_NC], const float *p, 
   }
 }
 
-// Forward. Block (b*H + h, query tile), the last tiles (the longest rows of
-// the causal triangle) first. Per key tile: lane j computes the scores of
+// Forward of query rows [q0, T) (q0 = 0: attn_fwd; T - n: attn_decode's
+// last n rows over a KV cache), out [B, T - q0, H*hd] and lse
+// [B, H, T - q0] (NULL: not kept). Block (b*H + h, query tile), the last
+// tiles (the longest rows of the causal triangle) first. Per key tile: lane j computes the scores of
 // key j0 + j against its warp's 4 query rows (q broadcast from shared
 // memory), the warp updates each row's running max m and sum l (online
 // softmax, as attn_fwd_tile), and then lane c accumulates output columns
@@ -77,14 +79,15 @@ __device__ __forceinline__ void att_accum(float (*acc)[ATT_NC], const float *p, 
 // broadcast by a shuffle.
 template <typename T>
 __global__ void __launch_bounds__(ATT_THREADS)
-    att_fwd_kernel(T *out, float *lse, const T *qkv, int T_, int H, int KVH, int hd,
+    att_fwd_kernel(T *out, float *lse, const T *qkv, int T_, int q0, int H, int KVH, int hd,
                    float scale) {
   extern __shared__ float sm[];
   float *Qs = sm;                    // [32][hd]
   float *Ks = Qs + ATT_TILE * hd;    // [32][hd + 1]
   float *Vs = Ks + ATT_TILE * (hd + 1); // [32][hd]
   int b = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KVH);
-  int nq = (T_ + ATT_TILE - 1) / ATT_TILE, i0 = (nq - 1 - (int)blockIdx.y) * ATT_TILE;
+  int n = T_ - q0, nq = (n + ATT_TILE - 1) / ATT_TILE;
+  int i0 = q0 + (nq - 1 - (int)blockIdx.y) * ATT_TILE;
   int rs = (H + 2 * KVH) * hd, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const T *base = qkv + (size_t)b * T_ * rs;
   att_load(Qs, hd, base + (size_t)h * hd, rs, i0, T_, hd);
@@ -135,11 +138,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
   for (int r = 0; r < ATT_ROWS; r++) {
     int i = i0 + w * ATT_ROWS + r;
     if (i >= T_) continue;
-    T *orow = out + ((size_t)b * T_ + i) * os + (size_t)h * hd;
+    T *orow = out + ((size_t)b * n + i - q0) * os + (size_t)h * hd;
 #pragma unroll
     for (int c = 0; c < ATT_NC; c++)
       if (lane + 32 * c < hd) zt_st(orow + lane + 32 * c, o[r][c] / l[r]);
-    if (lane == 0) lse[((size_t)b * H + h) * T_ + i] = m[r] + logf(l[r]);
+    if (lane == 0 && lse) lse[((size_t)b * H + h) * n + i - q0] = m[r] + logf(l[r]);
   }
 }
 
@@ -345,7 +348,20 @@ extern "C" void zt_cuda_attn_fwd(zt_stream *s, zt_dtype t, void *out, float *lse
   size_t bytes = sizeof(float) * ATT_TILE * (3 * (size_t)hd + 1);
   ZT_DISPATCH_AS(t, "attn", E,
               ATT_LAUNCH(att_fwd_kernel<E>, grid, bytes, zt_cuda_stream(s), (E *)out, lse,
-                         (const E *)qkv, T, H, KVH, hd, scale));
+                         (const E *)qkv, T, 0, H, KVH, hd, scale));
+}
+
+extern "C" void zt_cuda_attn_decode(zt_stream *s, zt_dtype t, void *out, const void *qkv, int T,
+                                    int n, int H, int KVH, int hd) {
+  if (n <= 0 || T < n || H <= 0) return;
+  if (!zt_cuda_dtype_ok(t, "attn_decode") || !att_shape_ok("attn_decode", 1, T, H, KVH, hd))
+    return;
+  float scale = 1.f / sqrtf((float)hd);
+  dim3 grid((unsigned)H, (unsigned)((n + ATT_TILE - 1) / ATT_TILE));
+  size_t bytes = sizeof(float) * ATT_TILE * (3 * (size_t)hd + 1);
+  ZT_DISPATCH_AS(t, "attn", E,
+              ATT_LAUNCH(att_fwd_kernel<E>, grid, bytes, zt_cuda_stream(s), (E *)out,
+                         (float *)NULL, (const E *)qkv, T, T - n, H, KVH, hd, scale));
 }
 
 extern "C" void zt_cuda_attn_bwd(zt_stream *s, zt_dtype t, void *dqkv, const void *dout,

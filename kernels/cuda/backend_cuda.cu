@@ -261,6 +261,7 @@ static const zt_backend zt_cuda_table = {
     .rope_bwd = zt_cuda_rope_bwd,
     .attn_fwd = zt_cuda_attn_fwd,
     .attn_bwd = zt_cuda_attn_bwd,
+    .attn_decode = zt_cuda_attn_decode,
     .xent_fwd_bwd = zt_cuda_xent_fwd_bwd,
     .xent_max = zt_cuda_xent_max,
     .xent_sumexp = zt_cuda_xent_sumexp,

@@ -62,6 +62,8 @@ void zt_cuda_attn_fwd(zt_stream *s, zt_dtype t, void *out, float *lse, const voi
                       int T, int H, int KVH, int hd);
 void zt_cuda_attn_bwd(zt_stream *s, zt_dtype t, void *dqkv, const void *dout, const void *qkv,
                       const void *out, const float *lse, int B, int T, int H, int KVH, int hd);
+void zt_cuda_attn_decode(zt_stream *s, zt_dtype t, void *out, const void *qkv, int T, int n,
+                         int H, int KVH, int hd);
 
 /* xent.cu */
 void zt_cuda_xent_fwd_bwd(zt_stream *s, zt_dtype t, void *logits, float *loss,

@@ -103,61 +103,6 @@ static int hard_link(hid_t loc, const char *name) {
   return li.type == H5L_TYPE_HARD ? 1 : -1;
 }
 
-/* A string attribute (or an error naming `what`). */
-static int read_str_attr(hid_t obj, const char *name, const char *what, char **out,
-                         zt_err *e) {
-  *out = NULL;
-  htri_t ex = H5Aexists(obj, name);
-  if (ex == 0) return ZT_OK;
-  hid_t a = ex > 0 ? H5Aopen(obj, name, H5P_DEFAULT) : -1;
-  hid_t type = a >= 0 ? H5Aget_type(a) : -1;
-  hid_t space = a >= 0 ? H5Aget_space(a) : -1;
-  hid_t mem = -1;
-  int rc = ZT_OK;
-  if (type < 0 || space < 0) {
-    rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
-  } else if (H5Tget_class(type) != H5T_STRING || H5Sget_simple_extent_npoints(space) != 1) {
-    rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is not a string", what, name);
-  } else if (H5Tis_variable_str(type) > 0) {
-    char *p = NULL;
-    mem = H5Tcopy(H5T_C_S1);
-    if (mem < 0 || H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, H5Tget_cset(type)) < 0 ||
-        H5Aread(a, mem, &p) < 0 || !p)
-      rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
-    else if (strnlen(p, ZT_CKPT_MAX_TEXT + 1) > ZT_CKPT_MAX_TEXT)
-      rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is longer than %d bytes", what, name,
-                      ZT_CKPT_MAX_TEXT);
-    else if (!(*out = strdup(p)))
-      rc = zt_err_set(e, ZT_ERUNTIME, "out of memory reading attribute %s", name);
-    if (p) H5free_memory(p);
-  } else {
-    size_t sz = H5Tget_size(type);
-    if (sz == 0 || sz > ZT_CKPT_MAX_TEXT) {
-      rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s has %zu bytes (at most %d)", what, name,
-                      sz, ZT_CKPT_MAX_TEXT);
-    } else if (!(*out = calloc(sz + 1, 1))) {
-      rc = zt_err_set(e, ZT_ERUNTIME, "out of memory reading attribute %s", name);
-    } else {
-      /* one byte more than stored: room for the NUL a NULLPAD string lacks */
-      mem = H5Tcopy(H5T_C_S1);
-      if (mem < 0 || H5Tset_size(mem, sz + 1) < 0 || H5Tset_strpad(mem, H5T_STR_NULLTERM) < 0 ||
-          H5Tset_cset(mem, H5Tget_cset(type)) < 0 || H5Aread(a, mem, *out) < 0)
-        rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
-      (*out)[sz] = 0;
-    }
-  }
-  if (rc) {
-    free(*out);
-    *out = NULL;
-  }
-  if (mem >= 0) H5Tclose(mem);
-  if (space >= 0) H5Sclose(space);
-  if (type >= 0) H5Tclose(type);
-  if (a >= 0) H5Aclose(a);
-  if (ex < 0) rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
-  return rc;
-}
-
 /* A scalar integer attribute: 64-bit signed, or unsigned when `u` (read
  * without conversion, so a stored value is never clamped). */
 static int read_int_attr(hid_t obj, const char *name, const char *what, int u, void *v,
@@ -187,7 +132,7 @@ static int read_int_attr(hid_t obj, const char *name, const char *what, int u, v
 }
 
 int zt_ckpt_file_attr_str(const zt_ckpt_file *cf, const char *name, char **out, zt_err *e) {
-  return read_str_attr(cf->h5, name, cf->path, out, e);
+  return zt_h5_attr_str(cf->h5, name, cf->path, ZT_CKPT_MAX_TEXT, out, e);
 }
 
 int zt_ckpt_file_attr_i64(const zt_ckpt_file *cf, const char *name, int64_t *v, int *present,
@@ -198,7 +143,7 @@ int zt_ckpt_file_attr_i64(const zt_ckpt_file *cf, const char *name, int64_t *v, 
 /* The Lua script: a root string attribute, or a 1-D byte dataset /script
  * (which has no attribute's 64 KiB limit). */
 static int read_script(zt_ckpt_file *cf, zt_err *e) {
-  int rc = read_str_attr(cf->h5, "script", cf->path, &cf->script, e);
+  int rc = zt_h5_attr_str(cf->h5, "script", cf->path, ZT_CKPT_MAX_TEXT, &cf->script, e);
   if (rc || cf->script) return rc;
   int hl = hard_link(cf->h5, "script");
   if (hl == 0) return ZT_OK;
@@ -457,7 +402,7 @@ static int list_tensors(zt_ckpt_file *cf, zt_err *e) {
 
 static int read_header(zt_ckpt_file *cf, zt_err *e) {
   char *fmt = NULL;
-  int rc = read_str_attr(cf->h5, ZT_CKPT_ATTR_FORMAT, cf->path, &fmt, e);
+  int rc = zt_h5_attr_str(cf->h5, ZT_CKPT_ATTR_FORMAT, cf->path, ZT_CKPT_MAX_TEXT, &fmt, e);
   int is_ckpt = fmt && !strcmp(fmt, ZT_CKPT_FORMAT);
   free(fmt);
   if (rc) return rc;
@@ -516,9 +461,9 @@ int zt_ckpt_file_open(zt_ckpt_file *cf, const char *path, zt_err *e) {
                ? zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root group: %s", path, why)
                : ZT_OK;
   if (!rc) rc = read_header(cf, e);
-  if (!rc) rc = read_str_attr(cf->h5, "plan", path, &cf->plan, e);
-  if (!rc) rc = read_str_attr(cf->h5, "topology", path, &cf->topology, e);
-  if (!rc) rc = read_str_attr(cf->h5, "state", path, &cf->state, e);
+  if (!rc) rc = zt_h5_attr_str(cf->h5, "plan", path, ZT_CKPT_MAX_TEXT, &cf->plan, e);
+  if (!rc) rc = zt_h5_attr_str(cf->h5, "topology", path, ZT_CKPT_MAX_TEXT, &cf->topology, e);
+  if (!rc) rc = zt_h5_attr_str(cf->h5, "state", path, ZT_CKPT_MAX_TEXT, &cf->state, e);
   if (!rc) rc = read_script(cf, e);
   if (!rc) rc = list_tensors(cf, e);
   return rc;

@@ -30,7 +30,7 @@
 /* Limits on what a file may claim, far above any real checkpoint. */
 #define ZT_CKPT_MAX_TENSORS (1 << 20) /* per group */
 #define ZT_CKPT_MAX_NUMEL (INT64_C(1) << 40)
-#define ZT_CKPT_MAX_TEXT (64 << 20) /* bytes of a string attribute or the script */
+/* ZT_CKPT_MAX_TEXT (format.h): bytes of a string attribute or the script */
 
 typedef struct zt_ckpt_tensor {
   char name[ZT_NAME_MAX]; /* logical name: printable ASCII, no spaces */

@@ -27,30 +27,17 @@ static void shape_str(char *buf, size_t n, int ndim, const hsize_t *d) {
 
 static int read_header(hid_t f, const char *path, long long *step, long long *version,
                        zt_err *e) {
-  char fmt[64] = "";
-  htri_t has = H5Aexists(f, "format");
-  if (has < 0) /* damage, not another kind of file */
+  /* zt_h5_attr_str is the tools' reader too: ztrain and zreshard accept
+   * the same files (a variable-length string from h5py as well) */
+  char *fmt = NULL;
+  if (H5Aexists(f, ZT_CKPT_ATTR_FORMAT) < 0) /* damage, not another kind of file */
     return zt_err_set(e, ZT_EINPUT, "checkpoint %s: its root attributes are unreadable "
                       "(damaged?)", path);
-  if (has > 0) {
-    hid_t a = H5Aopen(f, "format", H5P_DEFAULT);
-    hid_t type = a < 0 ? -1 : H5Aget_type(a);
-    hid_t space = a < 0 ? -1 : H5Aget_space(a);
-    /* one element only: H5Aread writes every element of the attribute's
-     * dataspace, and fmt holds one */
-    if (type >= 0 && space >= 0 && H5Sget_simple_extent_npoints(space) == 1 &&
-        H5Tget_class(type) == H5T_STRING && !H5Tis_variable_str(type) &&
-        H5Tget_size(type) < sizeof fmt) {
-      hid_t mem = H5Tcopy(H5T_C_S1);
-      H5Tset_size(mem, sizeof fmt);
-      H5Aread(a, mem, fmt);
-      H5Tclose(mem);
-    }
-    if (space >= 0) H5Sclose(space);
-    if (type >= 0) H5Tclose(type);
-    if (a >= 0) H5Aclose(a);
-  }
-  if (strcmp(fmt, ZT_CKPT_FORMAT))
+  int rc = zt_h5_attr_str(f, ZT_CKPT_ATTR_FORMAT, path, ZT_CKPT_MAX_TEXT, &fmt, e);
+  if (rc) return rc;
+  int is_ckpt = fmt && !strcmp(fmt, ZT_CKPT_FORMAT);
+  free(fmt);
+  if (!is_ckpt)
     return zt_err_set(e, ZT_EINPUT, "%s is not a ztrain checkpoint (no format attribute \"%s\")",
                       path, ZT_CKPT_FORMAT);
   if (zt_h5_read_scalar_attr(f, ZT_CKPT_ATTR_VERSION, H5T_NATIVE_LLONG, version) ||
@@ -216,7 +203,10 @@ static int direct_read(direct *d, int64_t end, zt_fs_reader *r, float *const *ds
 static int read_state(hid_t f, long long step, zt_ckpt_state_rec *r, const char **bad) {
   char *txt = NULL;
   memset(r, 0, sizeof *r);
-  if (zt_h5_read_str_attr(f, ZT_CKPT_ATTR_STATE, 1 << 20, &txt)) return 0;
+  zt_err ignored = {0};
+  *bad = ZT_CKPT_ATTR_STATE;
+  if (zt_h5_attr_str(f, ZT_CKPT_ATTR_STATE, "", ZT_CKPT_MAX_TEXT, &txt, &ignored)) return -1;
+  if (!txt) return 0;
   int rc = zt_ckpt_format_parse_state(txt, step, r, bad);
   free(txt);
   return rc;

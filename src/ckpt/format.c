@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/ckpt/ckpt.h"
 #include "src/ckpt/h5util.h"
 
 _Static_assert(sizeof(hid_t) == sizeof(int64_t), "format passes a hid_t as an int64_t");
@@ -57,6 +58,27 @@ int zt_ckpt_format_link_master(int64_t f, const char *name) {
   snprintf(from, sizeof from, "%s/%s", zt_ckpt_group_path[ZT_CKPT_MODEL], name);
   snprintf(to, sizeof to, "%s/%s", zt_ckpt_group_path[ZT_CKPT_MASTER], name);
   return H5Lcreate_hard(f, from, f, to, H5P_DEFAULT, H5P_DEFAULT) < 0;
+}
+
+int zt_ckpt_format_write_tensor(int64_t f, zt_ckpt_group g, const char *name, int ndim,
+                                const int64_t *shape, const float *x) {
+  hsize_t dims[8];
+  int64_t n = 1;
+  if (ndim < 1 || ndim > 8) return 1;
+  for (int d = 0; d < ndim; d++) dims[d] = (hsize_t)shape[d], n *= shape[d];
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", zt_ckpt_group_path[g], name);
+  uint64_t sum = zt_ckpt_checksum(x, n, 0);
+  hid_t space = H5Screate_simple(ndim, dims, NULL);
+  hid_t ds = space < 0 ? -1
+                       : H5Dcreate2(f, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                                    H5P_DEFAULT);
+  int bad = ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) < 0 ||
+            zt_h5_write_scalar_attr(ds, ZT_CKPT_ATTR_CHECKSUM, H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                                    &sum);
+  if (ds >= 0 && H5Dclose(ds) < 0) bad = 1;
+  if (space >= 0) H5Sclose(space);
+  return bad;
 }
 
 char *zt_ckpt_format_state_json(const zt_ckpt_state_rec *r) {

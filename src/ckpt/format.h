@@ -24,6 +24,9 @@
 #define ZT_CKPT_ATTR_STATE "state"
 #define ZT_CKPT_ATTR_CHECKSUM "checksum" /* on each tensor */
 #define ZT_CKPT_SCRIPT "/script"
+/* The most bytes a string attribute or the script may hold, for every
+ * reader alike (the trainer's loader and the tools). */
+#define ZT_CKPT_MAX_TEXT (64 << 20)
 
 /* The tensor groups, in file order. Training state `which` 0..2 (weights,
  * AdamW's two moments) is group `which`. */
@@ -60,6 +63,13 @@ int zt_ckpt_format_create_groups(int64_t f, int optim);
 /* /optim/master/NAME as a hard link to /model/NAME: in the file the fp32
  * master weights are the parameters. */
 int zt_ckpt_format_link_master(int64_t f, const char *name);
+
+/* Writes tensor `name` of group g (its group exists) as a contiguous
+ * little-endian float32 dataset of the given shape from the n row-major
+ * values x, with its checksum attribute: the serial writer of tools that
+ * make a checkpoint from other data (zreshard import). Nonzero on failure. */
+int zt_ckpt_format_write_tensor(int64_t f, zt_ckpt_group g, const char *name, int ndim,
+                                const int64_t *shape, const float *x);
 
 /* The state record (the `state` attribute, JSON). */
 typedef struct zt_ckpt_state_rec {

@@ -364,29 +364,58 @@ void zt_h5_checked_metadata(hid_t fapl) {
   H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110);
 }
 
-int zt_h5_read_str_attr(hid_t obj, const char *name, size_t max, char **out) {
+int zt_h5_attr_str(hid_t obj, const char *name, const char *what, size_t max, char **out,
+                   zt_err *e) {
   *out = NULL;
-  if (H5Aexists(obj, name) <= 0) return -1;
-  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
-  hid_t type = a < 0 ? -1 : H5Aget_type(a);
-  hid_t space = a < 0 ? -1 : H5Aget_space(a);
-  size_t sz = type < 0 ? 0 : H5Tget_size(type);
-  int ok = type >= 0 && space >= 0 && H5Tget_class(type) == H5T_STRING &&
-           H5Tis_variable_str(type) == 0 && H5Sget_simple_extent_npoints(space) == 1 &&
-           sz > 0 && sz <= max && (*out = calloc(sz + 1, 1));
-  if (ok) {
-    hid_t mem = H5Tcopy(H5T_C_S1);
-    ok = mem >= 0 && H5Tset_size(mem, sz + 1) >= 0 && H5Aread(a, mem, *out) >= 0;
-    if (mem >= 0) H5Tclose(mem);
+  htri_t ex = H5Aexists(obj, name);
+  if (ex == 0) return ZT_OK;
+  hid_t a = ex > 0 ? H5Aopen(obj, name, H5P_DEFAULT) : -1;
+  hid_t type = a >= 0 ? H5Aget_type(a) : -1;
+  hid_t space = a >= 0 ? H5Aget_space(a) : -1;
+  hid_t mem = -1;
+  int rc = ZT_OK;
+  if (type < 0 || space < 0) {
+    rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
+  } else if (H5Tget_class(type) != H5T_STRING || H5Sget_simple_extent_npoints(space) != 1) {
+    rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is not a string", what, name);
+  } else if (H5Tis_variable_str(type) > 0) {
+    char *p = NULL;
+    mem = H5Tcopy(H5T_C_S1);
+    if (mem < 0 || H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, H5Tget_cset(type)) < 0 ||
+        H5Aread(a, mem, &p) < 0 || !p)
+      rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
+    else if (strnlen(p, max + 1) > max)
+      rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is longer than %zu bytes", what, name,
+                      max);
+    else if (!(*out = strdup(p)))
+      rc = zt_err_set(e, ZT_ERUNTIME, "out of memory reading attribute %s", name);
+    if (p) H5free_memory(p);
+  } else {
+    size_t sz = H5Tget_size(type);
+    if (sz == 0 || sz > max) {
+      rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s has %zu bytes (at most %zu)", what, name,
+                      sz, max);
+    } else if (!(*out = calloc(sz + 1, 1))) {
+      rc = zt_err_set(e, ZT_ERUNTIME, "out of memory reading attribute %s", name);
+    } else {
+      /* one byte more than stored: room for the NUL a NULLPAD string lacks */
+      mem = H5Tcopy(H5T_C_S1);
+      if (mem < 0 || H5Tset_size(mem, sz + 1) < 0 || H5Tset_strpad(mem, H5T_STR_NULLTERM) < 0 ||
+          H5Tset_cset(mem, H5Tget_cset(type)) < 0 || H5Aread(a, mem, *out) < 0)
+        rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
+      (*out)[sz] = 0;
+    }
   }
-  if (!ok) {
+  if (rc) {
     free(*out);
     *out = NULL;
   }
+  if (mem >= 0) H5Tclose(mem);
   if (space >= 0) H5Sclose(space);
   if (type >= 0) H5Tclose(type);
   if (a >= 0) H5Aclose(a);
-  return ok ? 0 : -1;
+  if (ex < 0) rc = zt_err_set(e, ZT_EINPUT, "%s: attribute %s is unreadable", what, name);
+  return rc;
 }
 
 typedef struct {

@@ -18,10 +18,15 @@ int zt_h5_write_scalar_attr(hid_t obj, const char *name, hid_t file_type, hid_t 
 /* 0 when obj has a scalar attribute `name` readable as mem_type. */
 int zt_h5_read_scalar_attr(hid_t obj, const char *name, hid_t mem_type, void *value);
 
-/* A fixed-length string attribute (as zt_h5_write_str_attr writes it),
- * at most `max` bytes: malloc'ed into *out. 0 on success; -1 when absent
- * or of another kind. */
-int zt_h5_read_str_attr(hid_t obj, const char *name, size_t max, char **out);
+/* The one reader of string attributes, for ztrain's loader and the
+ * tools alike, so that both accept the same files: a scalar string of
+ * fixed length (as zt_h5_write_str_attr writes it, NUL- or space-padded)
+ * or of variable length (h5py's default), at most `max` bytes, malloc'ed
+ * into *out. Absent: ZT_OK with *out NULL. Present but not a single
+ * string, longer than max or unreadable: ZT_EINPUT, the message naming
+ * `what` (the file) and the attribute. */
+int zt_h5_attr_str(hid_t obj, const char *name, const char *what, size_t max, char **out,
+                   zt_err *e);
 
 /* HDF5 1.10 decodes an attribute message of a version-1 object header
  * (files without metadata checksums, as ztrain wrote before) without

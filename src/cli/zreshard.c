@@ -33,8 +33,9 @@
 static const char usage[] =
     "Usage: zreshard info CKPT [--no-verify] [--force]\n"
     "       zreshard verify CKPT\n"
-    "       zreshard export CKPT [--format safetensors] -o FILE [--dtype fp32|bf16]\n"
+    "       zreshard export CKPT [--format safetensors|hf] -o PATH [--dtype fp32|bf16]\n"
     "                       [--force]\n"
+    "       zreshard import DIR -o CKPT\n"
     "       zreshard convert CKPT -o OUT [--tp T] [--pp P] [--dp D] [--zero Z]\n"
     "                        [--dtype fp32|bf16] [--weights-only] [--force]\n"
     "\n"
@@ -49,6 +50,12 @@ static const char usage[] =
     "export   the weights (/model) as one safetensors file, float32 or bfloat16\n"
     "         (round to nearest even), under ztrain's logical tensor names (a\n"
     "         tied gpt head is embed.tokens: metadata ztrain_tied says so).\n"
+    "         --format hf: a Hugging Face folder PATH (config.json,\n"
+    "         model.safetensors, the run's tokenizer file) that transformers'\n"
+    "         GPT2LMHeadModel / LlamaForCausalLM.from_pretrained loads.\n"
+    "import   a Hugging Face GPT-2 or LLaMA folder (config.json and\n"
+    "         model.safetensors or its index) as a checkpoint: step 0, weights\n"
+    "         only (a run loading it starts AdamW from zero).\n"
     "convert  a copy for another layout: checks that the model runs under it\n"
     "         (tp divides heads, kv heads, ffn_dim and vocab; pp <= layers),\n"
     "         stores every tensor in chunks that tile the target's TP shards,\n"
@@ -143,9 +150,10 @@ static int parse_args(int argc, char **argv, args *a, zt_err *e) {
     return zt_err_set(e, ZT_EINPUT, "--dtype takes fp32 or bf16, got '%s'", dtype);
   a->bf16 = dtype && !strcmp(dtype, "bf16");
   int is_export = !strcmp(a->cmd, "export"), is_convert = !strcmp(a->cmd, "convert");
-  int is_verify = !strcmp(a->cmd, "verify");
+  int is_verify = !strcmp(a->cmd, "verify"), is_import = !strcmp(a->cmd, "import");
   /* options only the commands that use them accept */
-  const char *stray = !is_export && !is_convert && (a->out || dtype) ? "-o/--dtype"
+  const char *stray = is_import && dtype                              ? "--dtype"
+                      : !is_export && !is_convert && !is_import && (a->out || dtype) ? "-o/--dtype"
                       : !is_export && a->format                      ? "--format"
                       : !is_convert && (a->weights_only || a->tp >= 0 || a->pp >= 0 ||
                                         a->dp >= 0 || a->zero >= 0)
@@ -158,9 +166,9 @@ static int parse_args(int argc, char **argv, args *a, zt_err *e) {
    * read all data anyway, so there it was always "write it regardless" */
   if (no_verify && (is_export || is_convert)) a->force = 1;
   else if (no_verify) a->verify = 0;
-  if (is_export && a->format && strcmp(a->format, "safetensors"))
-    return zt_err_set(e, ZT_EINPUT, "--format: only safetensors is supported, got '%s'", a->format);
-  if ((is_export || is_convert) && !a->out)
+  if (is_export && a->format && strcmp(a->format, "safetensors") && strcmp(a->format, "hf"))
+    return zt_err_set(e, ZT_EINPUT, "--format takes safetensors or hf, got '%s'", a->format);
+  if ((is_export || is_convert || is_import) && !a->out)
     return zt_err_set(e, ZT_EINPUT, "zreshard %s needs -o PATH", a->cmd);
   return ZT_OK;
 }
@@ -466,13 +474,13 @@ int main(int argc, char **argv) {
     printf("zreshard %s (checkpoint format versions 1 and 2)\n", ZT_VERSION);
     return 0;
   }
-  const char *cmds[] = {"info", "verify", "export", "convert"};
+  const char *cmds[] = {"info", "verify", "export", "convert", "import"};
   int which = -1;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     if (!strcmp(argv[1], cmds[i])) which = i;
   if (which < 0) {
     fprintf(stderr, "zreshard: error: unknown command '%s'; commands: info, verify, export, "
-            "convert (see zreshard --help)\n", argv[1]);
+            "convert, import (see zreshard --help)\n", argv[1]);
     return ZT_EINPUT;
   }
   /* test hook: tiny blocks cut tiny tensors into many reads */
@@ -491,8 +499,12 @@ int main(int argc, char **argv) {
     switch (which) {
       case 0: rc = inspect(&a, 1, &e); break;
       case 1: rc = inspect(&a, 0, &e); break;
-      case 2: rc = zt_zreshard_export(&a, &e); break;
-      default: rc = zt_zreshard_convert(&a, &e); break;
+      case 2:
+        rc = a.format && !strcmp(a.format, "hf") ? zt_zreshard_export_hf(&a, &e)
+                                                 : zt_zreshard_export(&a, &e);
+        break;
+      case 3: rc = zt_zreshard_convert(&a, &e); break;
+      default: rc = zt_zreshard_import(&a, &e); break;
     }
   }
   fflush(stdout);

@@ -1,9 +1,11 @@
 /* zreshard (internal): what zreshard.c (arguments, info, verify, the
  * checks every command shares), zreshard_export.c (export) and
- * zreshard_convert.c (convert) share. */
+ * zreshard_convert.c (convert) and zreshard_hf.c (Hugging Face export and
+ * import) share. */
 #ifndef ZT_ZRESHARD_H
 #define ZT_ZRESHARD_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,8 +62,25 @@ void zt_zreshard_warn(const args *a, const char *fmt, ...)
 /* PATH.tmp.PID, to write before renaming (caller frees). */
 char *zt_zreshard_temp_name(const char *path);
 
+/* Writes tensors ts[0..n) of cf (read in blocks, each verified as
+ * zt_zreshard_accept says) as the safetensors file `path`, F32 or, with
+ * a->bf16, BF16, under ztrain's names or names[i] (then transposed where
+ * names[i].transpose: 2-D, [r, c] stored, [c, r] written), with the
+ * metadata object meta. *data_bytes: the bytes after the header. On
+ * failure nothing is left at path. */
+typedef struct zt_zreshard_st_name {
+  char name[300];
+  int transpose;
+} zt_zreshard_st_name;
+int zt_zreshard_write_safetensors(const args *a, const zt_ckpt_file *cf,
+                                  const zt_ckpt_tensor **ts, int n, const zt_zreshard_st_name *names,
+                                  json_t *meta, const char *path, int64_t *data_bytes, zt_err *e);
+
 /* zreshard export and convert. */
 int zt_zreshard_export(const args *a, zt_err *e);
 int zt_zreshard_convert(const args *a, zt_err *e);
+/* export --format hf and import (zreshard_hf.c). */
+int zt_zreshard_export_hf(const args *a, zt_err *e);
+int zt_zreshard_import(const args *a, zt_err *e);
 
 #endif

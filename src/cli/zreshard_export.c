@@ -29,10 +29,8 @@ typedef struct {
   int write_errno;
 } export_ctx;
 
-static int export_block(void *ctx, const zt_ckpt_tensor *t, const int64_t *start,
-                        const int64_t *count, const float *x, int64_t n) {
-  export_ctx *c = ctx;
-  zt_ckpt_tally_box(&c->tally, t, start, count, x, n);
+/* Writes n values (as bf16 when asked). */
+static int write_values(export_ctx *c, const float *x, int64_t n) {
   const void *data = x;
   size_t size = sizeof *x;
   if (c->bf16) {
@@ -53,12 +51,89 @@ static int export_block(void *ctx, const zt_ckpt_tensor *t, const int64_t *start
   return ZT_OK;
 }
 
-/* The safetensors header: {"__metadata__": {...}, name: {dtype, shape,
- * data_offsets}, ...} with tensors in the model's order, offsets relative
- * to the data that follows the header. */
-static char *safetensors_header(const zt_ckpt_file *cf, const zt_ckpt_tensor **ts, int n,
-                                int bf16, int64_t *data_bytes) {
-  json_t *h = json_object(), *meta = json_object();
+static int export_block(void *ctx, const zt_ckpt_tensor *t, const int64_t *start,
+                        const int64_t *count, const float *x, int64_t n) {
+  export_ctx *c = ctx;
+  zt_ckpt_tally_box(&c->tally, t, start, count, x, n);
+  return write_values(c, x, n);
+}
+
+/* A 2-D tensor transposed ([r, c] stored, [c, r] written): read whole. */
+static int export_transposed(export_ctx *c, const zt_ckpt_file *cf, const zt_ckpt_tensor *t,
+                             zt_err *e) {
+  int64_t r = t->shape[0], k = t->shape[1], zero[ZT_MAX_DIMS] = {0};
+  float *x = malloc((size_t)t->numel * sizeof *x), *y = malloc((size_t)t->numel * sizeof *y);
+  int rc = x && y ? zt_ckpt_file_read(cf, t, NULL, NULL, x, e)
+                  : zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  if (!rc) {
+    zt_ckpt_tally_box(&c->tally, t, zero, t->shape, x, t->numel);
+    for (int64_t i = 0; i < r; i++)
+      for (int64_t j = 0; j < k; j++) y[j * r + i] = x[i * k + j];
+    rc = write_values(c, y, t->numel);
+  }
+  free(x);
+  free(y);
+  return rc;
+}
+
+int zt_zreshard_write_safetensors(const args *a, const zt_ckpt_file *cf,
+                                  const zt_ckpt_tensor **ts, int n, const zt_zreshard_st_name *names,
+                                  json_t *meta, const char *path, int64_t *data_bytes, zt_err *e) {
+  /* the header: {"__metadata__": {...}, name: {dtype, shape, data_offsets},
+   * ...}, offsets relative to the data that follows it */
+  json_t *h = json_object();
+  json_object_set(h, "__metadata__", meta);
+  int64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    int tr = names && names[i].transpose;
+    json_t *shape = json_array();
+    for (int d = 0; d < ts[i]->ndim; d++)
+      json_array_append_new(shape, json_integer(ts[i]->shape[tr ? ts[i]->ndim - 1 - d : d]));
+    int64_t bytes = ts[i]->numel * (a->bf16 ? 2 : 4);
+    json_object_set_new(h, names ? names[i].name : ts[i]->name,
+                        json_pack("{s:s, s:o, s:[I, I]}", "dtype", a->bf16 ? "BF16" : "F32",
+                                  "shape", shape, "data_offsets", (json_int_t)off,
+                                  (json_int_t)(off + bytes)));
+    off += bytes;
+  }
+  *data_bytes = off;
+  char *header = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  json_decref(h);
+  int rc = header ? ZT_OK : zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  export_ctx c = {.bf16 = a->bf16};
+  if (!rc && !(c.f = fopen(path, "wb")))
+    rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s: %s", path, strerror(errno));
+  if (!rc) {
+    /* 8-byte little-endian length of the header, which is padded with
+     * spaces so that the data starts 8-aligned */
+    size_t len = strlen(header), padded = (len + 7) / 8 * 8;
+    unsigned char lb[8];
+    for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    if (fwrite(lb, 1, 8, c.f) != 8 || fwrite(header, 1, len, c.f) != len ||
+        fwrite("       ", 1, padded - len, c.f) != padded - len)
+      c.write_errno = errno ? errno : EIO;
+  }
+  for (int i = 0; i < n && !rc && !c.write_errno; i++) {
+    c.tally = (zt_ckpt_tally){0};
+    rc = names && names[i].transpose ? export_transposed(&c, cf, ts[i], e)
+                                     : zt_ckpt_file_each_block(cf, ts[i], export_block, &c, e);
+    if (rc == ZT_ERUNTIME && c.write_errno) rc = ZT_OK; /* reported below */
+    else if (!rc) rc = zt_zreshard_accept(a, cf, ts[i], &c.tally, e);
+  }
+  if (c.f && (fflush(c.f) || fsync(fileno(c.f))) && !c.write_errno) c.write_errno = errno;
+  if (c.f && fclose(c.f) && !c.write_errno) c.write_errno = errno;
+  if (!rc && c.write_errno)
+    rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed: %s", path, strerror(c.write_errno));
+  if (rc && c.f) unlink(path);
+  free(c.half);
+  free(header);
+  return rc;
+}
+
+/* The metadata of ztrain's own export: the record, and that the names
+ * are ztrain's. */
+static json_t *ztrain_metadata(const zt_ckpt_file *cf) {
+  json_t *meta = json_object();
   char num[32];
   json_object_set_new(meta, "format", json_string("pt"));
   snprintf(num, sizeof num, "%lld", (long long)cf->step);
@@ -78,22 +153,7 @@ static char *safetensors_header(const zt_ckpt_file *cf, const zt_ckpt_tensor **t
       json_object_set_new(meta, "ztrain_tied", json_string(json_is_true(tied) ? "true" : "false"));
   }
   json_decref(plan);
-  json_object_set_new(h, "__metadata__", meta);
-  int64_t off = 0;
-  for (int i = 0; i < n; i++) {
-    json_t *shape = json_array();
-    for (int d = 0; d < ts[i]->ndim; d++) json_array_append_new(shape, json_integer(ts[i]->shape[d]));
-    int64_t bytes = ts[i]->numel * (bf16 ? 2 : 4);
-    json_object_set_new(h, ts[i]->name,
-                        json_pack("{s:s, s:o, s:[I, I]}", "dtype", bf16 ? "BF16" : "F32", "shape",
-                                  shape, "data_offsets", (json_int_t)off,
-                                  (json_int_t)(off + bytes)));
-    off += bytes;
-  }
-  *data_bytes = off;
-  char *s = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-  json_decref(h);
-  return s;
+  return meta;
 }
 
 int zt_zreshard_export(const args *a, zt_err *e) {
@@ -106,41 +166,18 @@ int zt_zreshard_export(const args *a, zt_err *e) {
   const zt_ckpt_tensor **ts = NULL;
   int n = rc ? 0 : zt_zreshard_group_order(&cf, ZT_CKPT_MODEL, &rec.model, &ts);
   if (!rc && n < 0) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  int64_t data_bytes = 0;
-  char *header = rc ? NULL : safetensors_header(&cf, ts, n, a->bf16, &data_bytes);
-  if (!rc && !header) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
   char *tmp = rc ? NULL : zt_zreshard_temp_name(a->out);
-  export_ctx c = {.bf16 = a->bf16};
-  if (!rc && (!tmp || !(c.f = fopen(tmp, "wb"))))
-    rc = zt_err_set(e, ZT_ERUNTIME, "cannot create %s: %s", tmp ? tmp : a->out, strerror(errno));
-  if (!rc) {
-    /* 8-byte little-endian length of the header, which is padded with
-     * spaces so that the data starts 8-aligned */
-    size_t len = strlen(header), padded = (len + 7) / 8 * 8;
-    unsigned char lb[8];
-    for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    if (fwrite(lb, 1, 8, c.f) != 8 || fwrite(header, 1, len, c.f) != len ||
-        fwrite("       ", 1, padded - len, c.f) != padded - len)
-      c.write_errno = errno ? errno : EIO;
-  }
-  for (int i = 0; i < n && !rc && !c.write_errno; i++) {
-    c.tally = (zt_ckpt_tally){0};
-    rc = zt_ckpt_file_each_block(&cf, ts[i], export_block, &c, e);
-    if (rc == ZT_ERUNTIME && c.write_errno) rc = ZT_OK; /* reported below */
-    else if (!rc) rc = zt_zreshard_accept(a, &cf, ts[i], &c.tally, e);
-  }
-  if (c.f && (fflush(c.f) || fsync(fileno(c.f))) && !c.write_errno) c.write_errno = errno;
-  if (c.f && fclose(c.f) && !c.write_errno) c.write_errno = errno;
-  if (!rc && c.write_errno)
-    rc = zt_err_set(e, ZT_ERUNTIME, "writing %s failed: %s", a->out, strerror(c.write_errno));
+  if (!rc && !tmp) rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  json_t *meta = rc ? NULL : ztrain_metadata(&cf);
+  int64_t data_bytes = 0;
+  if (!rc) rc = zt_zreshard_write_safetensors(a, &cf, ts, n, NULL, meta, tmp, &data_bytes, e);
   if (!rc) rc = zt_fs_publish(tmp, a->out, e);
-  if (rc && c.f) unlink(tmp);
+  if (rc && tmp) unlink(tmp);
   if (!rc)
     printf("wrote %s: safetensors, %d tensors of /model as %s, %lld bytes of data, step %lld\n",
            a->out, n, a->bf16 ? "BF16" : "F32", (long long)data_bytes, (long long)cf.step);
-  free(c.half);
+  json_decref(meta);
   free(tmp);
-  free(header);
   free(ts);
   zt_zreshard_close(&cf, &rec);
   return rc;

@@ -18,15 +18,20 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
+#include "src/cli/ztrain_report.h"
 #include "src/ckpt/ckpt.h"
+#include "src/ckpt/ckpt_file.h"
 #include "src/ckpt/h5util.h"
+#include "src/ckpt/hf.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 #include "src/data/data.h"
+#include "src/data/tokenize.h"
 #include "src/train/report.h"
 #include "src/train/trainer.h"
+#include "src/cli/ztrain_infer.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "dev"
@@ -34,9 +39,14 @@
 
 static const char usage[] =
     "Usage: ztrain [OPTIONS] SCRIPT.lua\n"
-    "       ztrain tokenize INPUT.txt OUTPUT.bin [--val VAL.bin] [--val-fraction F]\n"
+    "       ztrain tokenize INPUT... OUTPUT.bin [--tokenizer PATH | --train-vocab N\n"
+    "                       [--tokenizer-out PATH]] [--val VAL.bin] [--val-fraction F]\n"
     "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
     "                       SCRIPT.lua\n"
+    "       ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
+    "       ztrain sample SCRIPT.lua --load CKPT --prompt TEXT [--tokens N]\n"
+    "                     [--temperature T] [--top-k K] [--seed S] [--ids]\n"
+    "       ztrain report RUN_DIR|METRICS.jsonl [-o REPORT.html] [--log-loss]\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
     "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
@@ -45,7 +55,8 @@ static const char usage[] =
     "  -e STMT          run a Lua statement after the script (repeatable),\n"
     "                   e.g. -e 'train.steps = 10'\n"
     "      --steps N    total optimizer steps (sets train.steps)\n"
-    "      --load PATH  start from this checkpoint (weights, optimizer, step)\n"
+    "      --load PATH  start from this checkpoint (weights, optimizer, step), or\n"
+    "                   from a Hugging Face GPT-2/LLaMA folder (weights only)\n"
     "      --resume auto  start from the newest checkpoint in checkpoint.dir that\n"
     "                   loads (skipping damaged ones), or from scratch if none\n"
     "      --save PATH  write a checkpoint when training ends\n"
@@ -62,13 +73,27 @@ static const char usage[] =
     "  -h, --help       show this help and exit\n"
     "  -V, --version    show the version and exit\n"
     "\n"
+    "eval: val_loss and perplexity of a checkpoint on data.val (data.val_batches\n"
+    "batches), under mpirun in any layout, as training evaluates.\n"
+    "sample: generates text from a checkpoint on one process (KV cache);\n"
+    "ztrain eval --help and ztrain sample --help list their options.\n"
+    "\n"
     "schedule: checks the script's pipeline schedule and partition without\n"
     "training (no mpirun needed): simulated bubble, peak in-flight micro-batches\n"
     "per stage and a timeline of all stages.\n"
     "\n"
-    "tokenize: turns a text file into byte-level tokens (vocab 256) in\n"
-    "ztrain's token file format; --val writes the last --val-fraction\n"
-    "(default 0.1) of the text to a second file.\n"
+    "report: draws a run's --metrics as one HTML page of plots (no network\n"
+    "needed to view it); ztrain report --help says more.\n"
+    "\n"
+    "tokenize: turns text files into a token file (ztrain's format). Without\n"
+    "--tokenizer each byte is one token (vocab 256); --tokenizer takes a Hugging\n"
+    "Face tokenizer.json (byte-level BPE: GPT-2, LLaMA 3) or a SentencePiece\n"
+    ".model (LLaMA 2); --train-vocab N trains a SentencePiece BPE vocabulary of N\n"
+    "on the inputs first and writes it to --tokenizer-out (default\n"
+    "tokenizer.model beside OUTPUT.bin). Text tokenizers need UTF-8 and put the\n"
+    "end-of-text token after each file. --val writes the last --val-fraction\n"
+    "(default 0.1) of the tokens to a second file. Name the tokenizer in the\n"
+    "script as data.tokenizer.\n"
     "\n"
     "SIGUSR1, SIGUSR2 or SIGTERM writes a checkpoint into checkpoint.dir at\n"
     "the end of the current step, then ends the run (exit 0). Under mpirun send\n"
@@ -98,6 +123,24 @@ typedef struct {
 } cli_args;
 
 static int agree(zt_comm *world, int rc, zt_err *e) { return zt_comm_agree(world, rc, e); }
+
+/* --load DIR, a Hugging Face model folder: rank 0 imports it into a
+ * temporary checkpoint in $TMPDIR (a folder every rank must see) that all
+ * ranks then load; the script's model must be the folder's. */
+static int load_hf(const char *dir, const zt_model_cfg *want, zt_comm *world, char *path,
+                   size_t n, zt_err *e) {
+  int rc = ZT_OK;
+  if (world->rank == 0) {
+    const char *t = getenv("TMPDIR");
+    snprintf(path, n, "%s/ztrain-hf-%d.h5", t && *t ? t : "/tmp", (int)getpid());
+    zt_model_cfg have;
+    rc = zt_hf_import(dir, path, &have, e);
+    if (!rc && (rc = zt_hf_cfg_match(&have, want, dir, e))) unlink(path);
+  }
+  rc = agree(world, rc, e);
+  if (!rc) zt_comm_bcast(world, path, n, ZT_U8, 0);
+  return rc;
+}
 
 static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
   static const struct option longopts[] = {
@@ -165,25 +208,56 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
 }
 
 static int tokenize_main(int argc, char **argv) {
-  const char *val = NULL;
-  double frac = 0.1;
-  const char *pos[2];
+  zt_tokenize_opts o = {.val_fraction = 0.1, .progress = stderr};
+  const char **pos = calloc((size_t)argc, sizeof *pos);
   int npos = 0;
-  zt_err e = {0};
   for (int i = 2; i < argc; i++) {
-    if (!strcmp(argv[i], "--val") && i + 1 < argc) val = argv[++i];
-    else if (!strcmp(argv[i], "--val-fraction") && i + 1 < argc) frac = atof(argv[++i]);
-    else if (argv[i][0] == '-' || npos == 2) {
-      fprintf(stderr, "ztrain tokenize: unexpected argument '%s'\n%s", argv[i], usage);
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(usage, stdout);
+      free(pos);
+      return 0;
+    } else if (!strcmp(a, "--val") && v) o.val = v, i++;
+    else if (!strcmp(a, "--val-fraction") && v) o.val_fraction = atof(v), i++;
+    else if (!strcmp(a, "--tokenizer") && v) o.tokenizer = v, i++;
+    else if (!strcmp(a, "--tokenizer-out") && v) o.tokenizer_out = v, i++;
+    else if (!strcmp(a, "--train-vocab") && v) {
+      char *end;
+      long n = strtol(v, &end, 10);
+      if (end == v || *end || n < 1 || n > (1L << 24)) {
+        fprintf(stderr, "ztrain tokenize: --train-vocab needs a vocabulary size (1 to 2^24), got '%s'\n", v);
+        free(pos);
+        return ZT_EINPUT;
+      }
+      o.train_vocab = (int)n, i++;
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "ztrain tokenize: unexpected argument '%s'\n%s", a, usage);
+      free(pos);
       return ZT_EINPUT;
-    } else pos[npos++] = argv[i];
+    } else pos[npos++] = a;
   }
-  if (npos != 2) {
-    fprintf(stderr, "ztrain tokenize: need INPUT.txt and OUTPUT.bin\n");
+  if (npos < 2) {
+    fprintf(stderr, "ztrain tokenize: need INPUT... and OUTPUT.bin\n");
+    free(pos);
     return ZT_EINPUT;
   }
-  int rc = zt_tokenize_text(pos[0], pos[1], val, frac, &e);
+  if (o.tokenizer_out && !o.train_vocab) {
+    fprintf(stderr, "ztrain tokenize: --tokenizer-out names where --train-vocab's tokenizer goes; "
+            "give --train-vocab N\n");
+    free(pos);
+    return ZT_EINPUT;
+  }
+  o.inputs = pos, o.ninputs = npos - 1, o.out = pos[npos - 1];
+  zt_tokenize_result r;
+  zt_err e = {0};
+  int rc = zt_tokenize(&o, &r, &e);
   if (rc) fprintf(stderr, "ztrain tokenize: %s\n", e.msg);
+  else {
+    printf("wrote %lld tokens (vocab %d, tokenizer %s%s%s) to %s\n", (long long)r.tokens, r.vocab,
+           r.kind, strcmp(r.kind, "byte") ? " " : "", strcmp(r.kind, "byte") ? r.tokenizer : "", o.out);
+    if (o.val) printf("wrote %lld tokens to %s\n", (long long)r.val_tokens, o.val);
+  }
+  free(pos);
   return rc;
 }
 
@@ -254,6 +328,20 @@ static int timed_ckpt(int save, const char *path, const zt_ckpt_state *cs, zt_er
 }
 
 
+/* A checkpoint trained on other data than this run's (data.sources in the
+ * plans): said once, as a warning (fine-tuning on new data is legitimate),
+ * since the data order from here on is not the one it would have read. */
+static void warn_data_change(const char *path, const zt_plan *p, long long step) {
+  zt_ckpt_file cf;
+  zt_err e = {0};
+  char why[1024];
+  if (zt_ckpt_file_open(&cf, path, &e)) return;
+  if (zt_plan_data_changed(cf.plan, p->json, why, sizeof why))
+    fprintf(stderr, "ztrain: warning: checkpoint %s was trained on other data (%s); from step "
+            "%lld on this run reads its own data's order\n", path, why, step + 1);
+  zt_ckpt_file_close(&cf);
+}
+
 static double logical_params(const zt_model *m) {
   double n = 0;
   for (int i = 0; i < m->n_params; i++) n += (double)zt_tensor_numel(&m->params[i].t);
@@ -323,7 +411,7 @@ static int write_trace(const char *path, zt_comm *world, double origin, zt_err *
  * index among its node's ranks (SLURM_LOCALID where Slurm says it): one
  * rank per GPU, so a node with more ranks than GPUs is refused. "auto"
  * takes the GPU where every rank of the node has one, else the CPU. */
-static int pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
+int zt_cli_pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e) {
   const char *tb = getenv("ZT_TEST_BACKEND"); /* test hook: device memory the host */
   if (tb && !strcmp(tb, "remote")) {          /* cannot address, as on a GPU */
     *be = zt_backend_remote();
@@ -357,7 +445,7 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   const zt_backend *be = zt_backend_cpu();
   zt_plan plan;
   zt_grid grid = {0};
-  zt_tokens train_tok = {0}, val_tok = {0};
+  zt_data train_data = {0}, val_data = {0};
   zt_model model = {0};
   zt_trainer tr = {0};
   zt_report rep = {0};
@@ -370,18 +458,19 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
   /* this rank knows the run's timeout now: the agreement below is watched by it */
   if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
-  if (!rc) rc = pick_backend(plan.parallel.device, &be, e);
+  if (!rc) rc = zt_cli_pick_backend(plan.parallel.device, &be, e);
   if (!rc) zt_comm_set_device(be);
   if (!rc && !be->has_dtype(plan.train.precision))
     rc = zt_err_set(e, ZT_EINPUT, "train.precision: the %s backend cannot compute in %s", be->name,
                     zt_dtype_name(plan.train.precision));
   if (!rc && a->save) rc = zt_fs_check_writable("--save", a->save, e);
   if (!rc && a->trace) rc = zt_fs_check_writable("--trace", a->trace, e);
-  if (!rc) rc = zt_tokens_open(&train_tok, plan.data.train, plan.data.token_bytes,
-                               plan.model.seq, plan.model.vocab, e);
-  if (!rc && plan.data.val)
-    rc = zt_tokens_open(&val_tok, plan.data.val, plan.data.token_bytes,
-                        plan.model.seq, plan.model.vocab, e);
+  if (!rc) rc = zt_data_open(&train_data, &plan.data.train_spec, plan.data.token_bytes,
+                             plan.model.seq, plan.model.vocab, e);
+  if (!rc && plan.data.val_spec.n)
+    rc = zt_data_open(&val_data, &plan.data.val_spec, plan.data.token_bytes,
+                      plan.model.seq, plan.model.vocab, e);
+  if (!rc) zt_plan_record_data(&plan, &train_data, &val_data);
   rc = agree(world, rc, e);
   if (!rc) {
     rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
@@ -401,21 +490,28 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   rc = agree(world, rc, e);
   if (!rc)
     rc = zt_trainer_init(&tr, &plan.train, &model, &grid, &plan.parallel.zero,
-                         &plan.pipeline.schedule, &train_tok, plan.data.val ? &val_tok : NULL,
+                         &plan.pipeline.schedule, &train_data, val_data.n ? &val_data : NULL,
                          plan.data.shuffle, e);
   rc = agree(world, rc, e);
   zt_ckpt_state cs = {.m = &model, .z = tr.zero, .grid = &grid, .step = &tr.t,
                       .skipped = &tr.skipped, .scaler = &tr.scaler, .plan_json = plan.json,
                       .script_text = plan.script_text,
-                      .global_batch = plan.train.global_batch, .samples = train_tok.samples,
+                      .global_batch = plan.train.global_batch, .samples = train_data.samples,
                       .seed = plan.train.seed};
-  if (!rc && a->load) rc = timed_ckpt(0, a->load, &cs, e);
+  char hf_ckpt[4200] = "";
+  if (!rc && a->load && zt_hf_is_dir(a->load))
+    rc = load_hf(a->load, &plan.model, world, hf_ckpt, sizeof hf_ckpt, e);
+  if (!rc && a->load) rc = timed_ckpt(0, *hf_ckpt ? hf_ckpt : a->load, &cs, e);
+  /* an imported Hugging Face model carries no data record to compare */
+  if (!rc && a->load && !*hf_ckpt && rank0) warn_data_change(a->load, &plan, (long long)tr.t);
+  if (*hf_ckpt && rank0) unlink(hf_ckpt);
   if (!rc && a->resume) {
     char used[4096];
     rc = zt_ckpt_dir_resume(plan.ckpt.dir, &cs, used, sizeof used, e);
     if (!rc && rank0)
       printf(*used ? "resuming from %s (step %lld)\n" : "no checkpoint in %s: starting at step 0\n",
              *used ? used : plan.ckpt.dir, (long long)tr.t);
+    if (!rc && rank0 && *used) warn_data_change(used, &plan, (long long)tr.t);
   }
   if (!rc) {
     zt_peak pk;
@@ -480,8 +576,8 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
   zt_trainer_free(&tr);
   if (model.params) zt_model_free(&model);
   if (grid_up) zt_grid_free(&grid);
-  zt_tokens_close(&train_tok);
-  zt_tokens_close(&val_tok);
+  zt_data_close(&train_data);
+  zt_data_close(&val_data);
   zt_plan_free(&plan);
   return rc;
 }
@@ -489,6 +585,9 @@ static int train_main(const cli_args *a, zt_comm *world, zt_err *e) {
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "tokenize")) return tokenize_main(argc, argv);
   if (argc > 1 && !strcmp(argv[1], "schedule")) return schedule_main(argc, argv);
+  if (argc > 1 && (!strcmp(argv[1], "eval") || !strcmp(argv[1], "sample")))
+    return zt_infer_main(argc, argv);
+  if (argc > 1 && !strcmp(argv[1], "report")) return zt_runreport_main(argc - 1, argv + 1);
   cli_args a;
   zt_err e = {0};
   /* getopt reorders argv; a restart with other GEMM kernels gets it as given */

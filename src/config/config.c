@@ -2,6 +2,7 @@
  * types; this file checks what needs numbers from elsewhere (world size,
  * batch arithmetic) and converts the checked table into C structs. */
 #include "src/config/config.h"
+#include "src/config/data_spec.h"
 #include "src/config/pipeline.h"
 
 #include <jansson.h>
@@ -21,6 +22,7 @@
 
 #include "parallel/comm.h"
 #include "src/core/timer.h"
+#include "src/data/tokenizer.h"
 
 struct zt_lua_module { const char *name; const char *src; size_t len; };
 extern const struct zt_lua_module zt_lua_modules[];
@@ -367,22 +369,42 @@ static unsigned char *read_recompute(lua_State *L, int layers) {
   return r;
 }
 
-static char *absolute(char *path) {
-  if (!path) return NULL;
-  char buf[PATH_MAX];
-  if (!realpath(path, buf)) return path; /* the loader reports it */
-  free(path);
-  return strdup(buf);
-}
-
-static void read_data(lua_State *L, zt_data_cfg *d) {
-  d->train = absolute(dupstr(L, "train"));
-  d->val = absolute(dupstr(L, "val"));
+static int read_data(lua_State *L, zt_data_cfg *d, zt_err *e) {
+  lua_getfield(L, -1, "train");
+  int rc = zt_config_data_spec(L, "data.train", &d->train_spec, e);
+  lua_pop(L, 1);
+  if (rc) return rc;
+  if (lua_getfield(L, -1, "val") != LUA_TNIL)
+    rc = zt_config_data_spec(L, "data.val", &d->val_spec, e);
+  lua_pop(L, 1);
+  if (rc) return rc;
+  d->train = strdup(d->train_spec.parts[0].paths[0]);
+  if (d->val_spec.n) d->val = strdup(d->val_spec.parts[0].paths[0]);
   char *dtype = dupstr(L, "dtype");
   d->token_bytes = !strcmp(dtype, "u32") ? 4 : 2;
   free(dtype);
   d->shuffle = boolean(L, "shuffle");
   d->val_batches = (int)integer(L, "val_batches");
+  /* a path as sample and the HF export will find it from anywhere; one
+   * that does not resolve stays as written, for the load's message */
+  d->tokenizer = dupstr(L, "tokenizer");
+  char abs[PATH_MAX];
+  if (strcmp(d->tokenizer, "byte") && realpath(d->tokenizer, abs)) {
+    free(d->tokenizer);
+    d->tokenizer = strdup(abs);
+  }
+  return ZT_OK;
+}
+
+/* data.tokenizer must load and fit the model: sample decodes with it. */
+static int check_tokenizer(const zt_plan *p, zt_err *e) {
+  zt_tok *t;
+  int rc = zt_tok_open(&t, p->data.tokenizer, e);
+  if (!rc && zt_tok_vocab(t) > p->model.vocab)
+    rc = zt_err_set(e, ZT_EINPUT, "data.tokenizer %s has vocab %d, more than model.vocab %d",
+                    p->data.tokenizer, zt_tok_vocab(t), p->model.vocab);
+  zt_tok_free(t);
+  return rc;
 }
 
 static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e) {
@@ -557,6 +579,12 @@ static char *plan_json(const zt_plan *p) {
   for (int l = 0; m->recompute && l < m->layers; l++)
     if (m->recompute[l]) json_array_append_new(rc, json_integer(l));
   json_object_set_new(json_object_get(root, "train"), "recompute", rc);
+  /* the tokenizer by path (sample, HF export) and content hash */
+  char hash[64] = "";
+  zt_err ignored;
+  zt_tok_file_hash(p->data.tokenizer, hash, sizeof hash, &ignored); /* checked at load */
+  json_object_set_new(json_object_get(root, "data"), "tokenizer", json_string(p->data.tokenizer));
+  if (*hash) json_object_set_new(json_object_get(root, "data"), "tokenizer_hash", json_string(hash));
   json_object_set_new(json_object_get(root, "train"), "precision",
                       json_string(precision_name(t->precision)));
   json_object_set_new(json_object_get(root, "train"), "grad_reduce_dtype",
@@ -644,18 +672,19 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     p->model.recompute = read_recompute(L, p->model.layers);
     p->model.precision = p->train.precision;
     lua_getfield(L, -3, "data");
-    read_data(L, &p->data);
+    rc = read_data(L, &p->data, e);
     lua_getfield(L, -4, "checkpoint");
     p->ckpt.dir = dupstr(L, "dir");
     p->ckpt.every = (int)integer(L, "every");
     p->ckpt.keep = (int)integer(L, "keep");
     p->ckpt.async = boolean(L, "async");
     lua_getfield(L, -5, "parallel");
-    rc = read_parallel(L, &p->parallel, world_size, e);
+    if (!rc) rc = read_parallel(L, &p->parallel, world_size, e);
     p->parallel.zero.reduce_dtype = p->train.grad_reduce;
     lua_pop(L, 5);
   }
   if (!rc) rc = zt_model_cfg_check(&p->model, e);
+  if (!rc) rc = check_tokenizer(p, e);
   if (!rc) rc = zt_model_tp_check(&p->model, p->parallel.tp, e);
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);
   p->model.sequence_parallel = p->parallel.sequence_parallel;
@@ -680,6 +709,9 @@ void zt_plan_free(zt_plan *p) {
   free(p->json);
   free(p->data.train);
   free(p->data.val);
+  free(p->data.tokenizer);
+  zt_data_spec_free(&p->data.train_spec);
+  zt_data_spec_free(&p->data.val_spec);
   free(p->ckpt.dir);
   free((void *)p->model.recompute);
   memset(p, 0, sizeof *p);

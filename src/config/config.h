@@ -71,5 +71,12 @@ typedef struct zt_script_limits {
 int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
                    int world_size, const zt_script_limits *lim, zt_err *e);
 void zt_plan_free(zt_plan *p);
+/* Adds to p->json what the run opened (data.sources: each part's weight,
+ * files with size, mtime and tokens), for checkpoints to keep. */
+void zt_plan_record_data(zt_plan *p, const zt_data *train, const zt_data *val);
+/* Whether the training data a checkpoint's plan records differs from this
+ * plan's (parts, weights, files and their tokens); `why` then says where.
+ * 0 when the checkpoint has no record. */
+int zt_plan_data_changed(const char *ckpt_plan, const char *plan, char *why, size_t size);
 
 #endif

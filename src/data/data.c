@@ -1,4 +1,5 @@
-/* data: token files (mapped, validated once at open) and the sample order. */
+/* data: token files (mapped, validated once at open), lists of them as one
+ * stream, what a data key opens, and the sample order. */
 #include "src/data/data.h"
 
 #include <errno.h>
@@ -77,12 +78,12 @@ static int open_tokens(zt_tokens *t, const char *path, int token_bytes, int seq,
                       "tokens (wrong data.dtype?)", path, body, t->width);
   }
   t->count = (int64_t)(body / (size_t)t->width);
-  if (t->count < (int64_t)seq + 1)
+  if (seq > 0 && t->count < (int64_t)seq + 1) /* seq 0: a member of a list */
     return zt_err_set(e, ZT_EINPUT,
                       "data file %s holds %lld tokens; seq %d needs at least "
                       "%d (seq+1) for one sample: use a smaller seq or more data",
                       path, (long long)t->count, seq, seq + 1);
-  t->samples = (t->count - 1) / seq;
+  t->samples = seq > 0 ? (t->count - 1) / seq : 0;
   for (int64_t i = 0; i < t->count; i++) {
     uint32_t v = token_at(t, i);
     if (v >= (uint32_t)vocab)
@@ -95,15 +96,145 @@ static int open_tokens(zt_tokens *t, const char *path, int token_bytes, int seq,
   return ZT_OK;
 }
 
+/* The pieces of a single flat file: one run, none when it is empty. */
+static int flat_pieces(zt_tokens *t, zt_err *e) {
+  if (!t->count) return ZT_OK;
+  t->pieces = malloc(sizeof *t->pieces);
+  if (!t->pieces) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  t->pieces[0] = (zt_piece){.data = t->data, .start = 0, .count = t->count, .width = t->width};
+  t->npieces = 1;
+  return ZT_OK;
+}
+
+static uint32_t piece_token(const zt_piece *p, int64_t j) {
+  const uint8_t *b = p->data + j * p->width;
+  uint64_t v = 0;
+  for (int k = 0; k < p->width; k++) v |= (uint64_t)b[k] << (8 * k);
+  if (p->is_signed && p->width < 8 && (v >> (8 * p->width - 1) & 1)) return UINT32_MAX;
+  if (p->is_signed && p->width == 8 && (v >> 63)) return UINT32_MAX;
+  return v > UINT32_MAX ? UINT32_MAX : (uint32_t)v; /* negative or huge: out of any vocab */
+}
+
+/* The piece that holds stream position i (0 <= i < count). */
+static int64_t piece_of(const zt_tokens *t, int64_t i) {
+  int64_t lo = 0, hi = t->npieces - 1;
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) / 2;
+    if (t->pieces[mid].start <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+uint32_t zt_tokens_at(const zt_tokens *t, int64_t i) {
+  if (t->data) return token_at(t, i);
+  const zt_piece *p = &t->pieces[piece_of(t, i)];
+  return piece_token(p, i - p->start);
+}
+
+/* n tokens from stream position i on: one search, then a walk. */
+static void tokens_read(const zt_tokens *t, int64_t i, int n, int32_t *out) {
+  if (t->data) {
+    for (int j = 0; j < n; j++) out[j] = (int32_t)token_at(t, i + j);
+    return;
+  }
+  int64_t k = piece_of(t, i);
+  for (int j = 0; j < n; j++, i++) {
+    while (i >= t->pieces[k].start + t->pieces[k].count) k++;
+    out[j] = (int32_t)piece_token(&t->pieces[k], i - t->pieces[k].start);
+  }
+}
+
+static int check_vocab(const zt_tokens *t, int vocab, zt_err *e) {
+  for (int64_t k = 0; k < t->npieces; k++) {
+    const zt_piece *p = &t->pieces[k];
+    for (int64_t j = 0; j < p->count; j++) {
+      uint32_t v = piece_token(p, j);
+      if (v >= (uint32_t)vocab)
+        return zt_err_set(e, ZT_EINPUT,
+                          "data file %s: token %s%u at index %lld (byte offset %lld) is out "
+                          "of range for vocab %d", t->path,
+                          v == UINT32_MAX ? "value beyond " : "", v, (long long)(p->start + j),
+                          (long long)(p->data + j * p->width - (const uint8_t *)t->map), vocab);
+    }
+  }
+  return ZT_OK;
+}
+
+static int need_sample(const zt_tokens *t, const char *what, int seq, zt_err *e) {
+  if (t->count < (int64_t)seq + 1)
+    return zt_err_set(e, ZT_EINPUT,
+                      "%s %s %lld tokens; seq %d needs at least %d (seq+1) for one sample: "
+                      "use a smaller seq or more data", what, t->nfiles ? "hold" : "holds",
+                      (long long)t->count, seq, seq + 1);
+  return ZT_OK;
+}
+
 int zt_tokens_open(zt_tokens *t, const char *path, int token_bytes, int seq,
                    int vocab, zt_err *e) {
   memset(t, 0, sizeof *t);
-  int rc = open_tokens(t, path, token_bytes, seq, vocab, e);
+  char prefix[4096];
+  int rc;
+  if (zt_megatron_prefix(path, prefix, sizeof prefix)) {
+    t->seq = seq;
+    rc = zt_megatron_open(t, prefix, e);
+    if (!rc) rc = check_vocab(t, vocab, e);
+    if (!rc && seq > 0) {
+      char what[4200];
+      snprintf(what, sizeof what, "data file %s", t->path);
+      rc = need_sample(t, what, seq, e);
+      if (!rc) t->samples = (t->count - 1) / seq;
+    }
+  } else {
+    rc = open_tokens(t, path, token_bytes, seq, vocab, e);
+    if (!rc) rc = flat_pieces(t, e);
+  }
   if (rc) zt_tokens_close(t); /* a failed open holds nothing */
   return rc;
 }
 
+int zt_tokens_open_list(zt_tokens *t, char *const *paths, int n, int token_bytes,
+                        int seq, int vocab, zt_err *e) {
+  if (n == 1) return zt_tokens_open(t, paths[0], token_bytes, seq, vocab, e);
+  memset(t, 0, sizeof *t);
+  t->seq = seq;
+  t->files = calloc((size_t)n, sizeof *t->files);
+  t->path = strdup(paths[0]);
+  if (!t->files || !t->path) {
+    zt_tokens_close(t);
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  }
+  int rc = ZT_OK;
+  int64_t npieces = 0;
+  for (int i = 0; i < n && !rc; i++, t->nfiles++) {
+    rc = zt_tokens_open(&t->files[i], paths[i], token_bytes, 0, vocab, e);
+    npieces += t->files[i].npieces;
+  }
+  if (!rc && !(t->pieces = malloc((size_t)(npieces ? npieces : 1) * sizeof *t->pieces)))
+    rc = zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  for (int i = 0; !rc && i < n; i++) /* back to back: starts shift by what came before */
+    for (int64_t k = 0; k < t->files[i].npieces; k++) {
+      zt_piece p = t->files[i].pieces[k];
+      p.start = t->count;
+      t->count += p.count;
+      t->pieces[t->npieces++] = p;
+    }
+  if (!rc) {
+    t->width = t->files[0].width;
+    char what[4300];
+    snprintf(what, sizeof what, "the %d data files %s .. %s", n, paths[0], paths[n - 1]);
+    rc = need_sample(t, what, seq, e);
+    t->samples = rc ? 0 : (t->count - 1) / seq;
+  }
+  if (rc) zt_tokens_close(t);
+  return rc;
+}
+
 void zt_tokens_close(zt_tokens *t) {
+  for (int i = 0; i < t->nfiles; i++) zt_tokens_close(&t->files[i]);
+  free(t->files);
+  free(t->pieces);
+  if (t->idx_map) munmap(t->idx_map, t->idx_len);
   if (t->map) munmap(t->map, t->map_len);
   free(t->path);
   memset(t, 0, sizeof *t);
@@ -161,11 +292,20 @@ int zt_loader_init(zt_loader *ld, const zt_tokens *tok, int shuffle,
 }
 
 void zt_loader_free(zt_loader *ld) {
+  for (int c = 0; c < ld->nparts; c++) zt_loader_free(&ld->parts[c]);
+  free(ld->parts);
+  free(ld->blend_count);
+  free(ld->snap_count);
   free(ld->perm);
   memset(ld, 0, sizeof *ld);
 }
 
 int64_t zt_loader_sample_at(zt_loader *ld, int64_t pos) {
+  if (ld->nparts) { /* a blend: the sample's index in its part */
+    int64_t at;
+    int c = zt_blend_locate(ld, pos, &at);
+    return zt_loader_sample_at(&ld->parts[c], at);
+  }
   int64_t n = ld->tok->samples, epoch = pos / n, i = pos % n;
   if (!ld->shuffle) return i;
   if (epoch != ld->epoch) { /* Fisher-Yates from the counter-based RNG */
@@ -186,13 +326,14 @@ int64_t zt_loader_sample_at(zt_loader *ld, int64_t pos) {
 
 void zt_loader_fill(zt_loader *ld, int64_t batch, int G, int first, int n,
                     int32_t *inputs, int32_t *targets) {
-  const zt_tokens *t = ld->tok;
-  int T = t->seq;
+  if (ld->nparts) zt_blend_mark(ld, batch * G);
   for (int s = 0; s < n; s++) {
-    int64_t idx = zt_loader_sample_at(ld, batch * G + first + s);
-    for (int j = 0; j < T; j++) {
-      inputs[(size_t)s * T + j] = (int32_t)token_at(t, idx * T + j);
-      targets[(size_t)s * T + j] = (int32_t)token_at(t, idx * T + j + 1);
-    }
+    zt_loader *from = ld;
+    int64_t at = batch * G + first + s;
+    if (ld->nparts) from = &ld->parts[zt_blend_locate(ld, at, &at)];
+    int T = from->tok->seq;
+    int64_t idx = zt_loader_sample_at(from, at);
+    tokens_read(from->tok, idx * T, T, inputs + (size_t)s * T);
+    tokens_read(from->tok, idx * T + 1, T, targets + (size_t)s * T);
   }
 }

@@ -32,4 +32,24 @@ int zt_tok_encode(zt_tok *t, const char *text, size_t n, uint32_t **ids,
 int zt_tok_decode(zt_tok *t, const uint32_t *ids, int64_t n, char **text,
                   size_t *len, zt_err *e);
 
+/* Like zt_tok_encode, appending to *ids (count *count, capacity *cap,
+ * grown with realloc): one buffer for many texts. */
+int zt_tok_encode_append(zt_tok *t, const char *text, size_t n, uint32_t **ids,
+                         int64_t *count, int64_t *cap, zt_err *e);
+
+/* Trains a SentencePiece BPE vocabulary of `vocab` pieces (byte fallback,
+ * digits split, text kept as is: LLaMA 2's recipe) on the lines of the
+ * texts and writes the model to `out` (a .model file zt_tok_open reads).
+ * Too small a vocab for the corpus's characters is ZT_EINPUT. */
+int zt_tok_train(const char *const *texts, const size_t *lens, int ntexts, int vocab,
+                 const char *out, zt_err *e);
+
+/* 0 if the n bytes are valid UTF-8, else -1 with *bad the offset of the
+ * first byte of the first bad sequence. */
+int zt_utf8_check(const char *text, size_t n, size_t *bad);
+
+/* The hash the plan records for a tokenizer file, "xxh3-64:<16 hex>"
+ * ("" for the byte tokenizer). */
+int zt_tok_file_hash(const char *spec, char *hex, size_t n, zt_err *e);
+
 #endif

@@ -117,16 +117,21 @@ static void carve_all(zt_model *m, carver *cv) {
   m->rope_cs = carve(cv, (size_t)c->seq * m->hd * f);
 }
 
-/* cos then sin tables [T, hd/2]: freq_i = theta^(-2i/hd), angle = t*freq_i */
-static void upload_rope(zt_model *m) {
-  int T = m->cfg.seq, half = m->hd / 2;
-  float *cs = malloc((size_t)T * m->hd * sizeof *cs);
-  for (int t = 0; t < T; t++)
+void zt_model_rope_rows(const zt_model *m, int t0, int n, float *cs) {
+  int half = m->hd / 2;
+  for (int t = 0; t < n; t++)
     for (int i = 0; i < half; i++) {
       double freq = pow((double)m->cfg.rope_theta, -2.0 * i / m->hd);
-      cs[t * half + i] = (float)cos(t * freq);
-      cs[(size_t)T * half + t * half + i] = (float)sin(t * freq);
+      cs[t * half + i] = (float)cos((t0 + t) * freq);
+      cs[(size_t)n * half + t * half + i] = (float)sin((t0 + t) * freq);
     }
+}
+
+/* the tables of every position, for the passes */
+static void upload_rope(zt_model *m) {
+  int T = m->cfg.seq;
+  float *cs = malloc((size_t)T * m->hd * sizeof *cs);
+  zt_model_rope_rows(m, 0, T, cs);
   m->be->copy(m->stream, m->rope_cs, cs, (size_t)T * m->hd * sizeof *cs);
   m->be->stream_sync(m->stream); /* before cs is freed */
   free(cs);

@@ -322,6 +322,12 @@ double zt_model_flops_per_token(const zt_model *m);
  * groups inside it. */
 uint64_t zt_model_tp_bytes(const zt_model *m);
 
+/* Rotary tables (llama) of positions t0 .. t0 + n - 1 into host cs:
+ * cos then sin, [n, hd/2] each, freq_i = theta^(-2i/hd), angle =
+ * position * freq_i in double, rounded once: what rope_fwd reads (the
+ * passes' table is positions 0 .. seq - 1; decoding takes its rows). */
+void zt_model_rope_rows(const zt_model *m, int t0, int n, float *cs);
+
 /* Index of a parameter by name, or -1. */
 int zt_model_find(const zt_model *m, const char *name);
 

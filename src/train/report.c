@@ -76,6 +76,10 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
                         (json_int_t)st->buffer_bytes, "act_bytes", (json_int_t)st->act_bytes);
   /* a key of its own, after the others: readers of the older lines keep working */
   if (o) json_object_set_new(o, "scratch_bytes", json_integer((json_int_t)r->scratch_bytes));
+  /* the plain line's tokens/s and MFU, so that a report need not redo them;
+   * MFU as a fraction like the bubble, only where a peak is known */
+  if (o) json_object_set_new(o, "tok_s", jnum(step_tok_s));
+  if (o && r->peak_flops > 0) json_object_set_new(o, "mfu", jnum(mfu / 100));
   if (o && st->pipeline)
     json_object_set_new(o, "bubble", json_pack("{s:o, s:o}", "measured", jnum(st->bubble),
                                                "simulated", jnum(st->bubble_sim)));

@@ -98,7 +98,7 @@ static void tied_grads(zt_trainer *t) {
 
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
                     zt_grid *grid, const zt_zero_cfg *zero, const zt_schedule *sched,
-                    const zt_tokens *train, const zt_tokens *val, int shuffle,
+                    const zt_data *train, const zt_data *val, int shuffle,
                     zt_err *e) {
   memset(t, 0, sizeof *t);
   t->cfg = *cfg;
@@ -153,9 +153,9 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
     if (*end == '-') t->nan_last = strtoll(end + 1, &end, 10);
     t->nan_rank = *end == ':' ? atoi(end + 1) : 0;
   }
-  rc = zt_loader_init(&t->train, train, shuffle, cfg->seed, e);
+  rc = zt_loader_init_data(&t->train, train, shuffle, cfg->seed, e);
   if (!rc && val) {
-    rc = zt_loader_init(&t->val, val, 0, cfg->seed, e);
+    rc = zt_loader_init_data(&t->val, val, 0, cfg->seed, e);
     t->has_val = 1;
   }
   return rc;

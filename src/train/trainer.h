@@ -100,7 +100,7 @@ typedef struct zt_trainer {
  * the masters at the first pass, the tied copy at each step). */
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
                     zt_grid *grid, const zt_zero_cfg *zero, const zt_schedule *sched,
-                    const zt_tokens *train, const zt_tokens *val, int shuffle,
+                    const zt_data *train, const zt_data *val, int shuffle,
                     zt_err *e);
 void zt_trainer_free(zt_trainer *t);
 

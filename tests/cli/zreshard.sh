@@ -277,7 +277,7 @@ run bad-command 2 "unknown command 'reshard'" -- reshard x.h5
 run bad-option 2 "see zreshard --help" -- info --bogus x.h5
 run bad-tp 2 "--tp needs an integer" -- convert x.h5 -o y.h5 --tp two
 run bad-dtype 2 "--dtype takes fp32 or bf16" -- export x.h5 -o y.st --dtype f16
-run bad-format 2 "only safetensors" -- export x.h5 -o y.st --format gguf
+run bad-format 2 "--format takes safetensors or hf" -- export x.h5 -o y.st --format gguf
 run no-output 2 "needs -o PATH" -- convert x.h5 --tp 2
 run stray-option 2 "does not apply to zreshard verify" -- verify x.h5 --tp 2
 run stray-force 2 "--force (verify only reports) does not apply to zreshard verify" -- verify x.h5 --force

@@ -1,5 +1,6 @@
 /* test_cuda_gemm_attn: the CUDA backend's GEMM, attention and
- * cross-entropy (kernels/cuda/gemm.cu, attn.cu, xent.cu) against the CPU
+ * cross-entropy (kernels/cuda/gemm.cu, attn.cu, xent.cu), and attention
+ * over a KV cache (attn_decode), against the CPU
  * backend on the same inputs, through the contract's table. Exits 77
  * without a usable GPU.
  *
@@ -222,6 +223,21 @@ static void attn_case(gt_ctx *g, zt_dtype t, int B, int T, int H, int KVH, int h
   free2(g, dout), free2(g, dqkv);
 }
 
+/* attn_decode: the last n rows of one sequence of T over its KV cache,
+ * GPU against CPU; the output buffer NaN first (the op overwrites). */
+static void decode_case(gt_ctx *g, zt_dtype t, int T, int n, int H, int KVH, int hd) {
+  size_t rs = (size_t)(H + 2 * KVH) * hd, os = (size_t)H * hd;
+  char name[128];
+  snprintf(name, sizeof name, "attn_decode %s T%d n%d H%d KVH%d hd%d", zt_dtype_name(t), T, n, H,
+           KVH, hd);
+  pair qkv = rand2(g, "decode qkv", (size_t)T * rs, 1.f, t);
+  pair out = nan2(g, (size_t)n * os, t, NULL);
+  g->gpu->attn_decode(g->gs, t, out.g, qkv.g, T, n, H, KVH, hd);
+  g->cpu->attn_decode(g->cs, t, out.c, qkv.c, T, n, H, KVH, hd);
+  gt_expect(g, name, out.g, out.c, (size_t)n * os, t, tol16(t, 1e-5));
+  free2(g, qkv), free2(g, out);
+}
+
 static void test_attn(gt_ctx *g) {
   /* (B, T, H, KVH, hd): multi-head; GQA with T not a multiple of the
    * tiles; one kv head and hd 128; hd not a multiple of 32 */
@@ -234,6 +250,14 @@ static void test_attn(gt_ctx *g) {
   attn_case(g, ZT_F16, 1, 257, 8, 2, 64);
   attn_case(g, ZT_F32, 1, 1024, 4, 2, 64); /* long rows: many key tiles */
   attn_case(g, ZT_BF16, 1, 1024, 4, 2, 64);
+  /* decoding: one new row, a prompt's rows across a tile edge, GQA and
+   * hd not a multiple of 32, in each dtype */
+  for (int d = 0; d < 3; d++) {
+    decode_case(g, dtypes[d], 1, 1, 4, 2, 64);
+    decode_case(g, dtypes[d], 300, 1, 8, 2, 64);
+    decode_case(g, dtypes[d], 300, 45, 8, 2, 64);
+    decode_case(g, dtypes[d], 77, 77, 3, 1, 40);
+  }
 }
 
 /* ---- cross-entropy -------------------------------------------------- */
