@@ -43,13 +43,42 @@ run() { # PP TP DP ZERO SCHEDULE [SP: true|false]
      -e "parallel = {pp = $1, tp = $2, dp = $3, zero = {stage = $4, bucket_bytes = 4096}, sequence_parallel = $sp}" \
      -e "schedule = zt.schedule.$5" --metrics m.jsonl --save final.h5 > out.txt 2>&1) ||
     { echo "FAIL: $what: run failed"; tail -5 "$d/out.txt"; exit 1; }
-  printf '%-44s ' "$what:"
-  /usr/bin/python3 "$HERE/ref/equiv.py" ref/m.jsonl ref/final.h5 "$d/m.jsonl" "$d/final.h5" ||
-    { echo "FAIL: $what"; exit 1; }
   local chunks=1
   case $5 in interleaved*) chunks=2 ;; esac
-  /usr/bin/python3 "$HERE/ref/pp_check.py" "$d" $1 $2 $3 $4 $chunks ||
-    { echo "FAIL: $what: traffic or memory"; exit 1; }
+  printf '%s|%s|%s %s %s %s %s\n' "$d" "$what" $1 $2 $3 $4 $chunks >> runs.txt
+}
+
+# Every run against the single process and ZeRO's formulas, in one Python
+# process at the end (one reading of the reference, one interpreter start
+# instead of two per run): each run's lines, every failure listed.
+check_all() {
+  /usr/bin/python3 - "$HERE/ref" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import equiv, pp_check, zcheck
+ref_rows, ref_ck = zcheck.read_metrics("ref/m.jsonl"), zcheck.read_checkpoint("ref/final.h5")
+failed = 0
+for line in open("runs.txt").read().splitlines():
+    d, what, args = line.split("|")
+    line, bad = equiv.check(ref_rows, ref_ck, zcheck.read_metrics(d + "/m.jsonl"),
+                            zcheck.read_checkpoint(d + "/final.h5"))
+    print("%-44s %s" % (what + ":", line))
+    for b in bad[:20]:
+        print("FAIL:", b)
+    if bad:
+        print("FAIL: " + what)
+    try:
+        line, bad2 = pp_check.check(d, *map(int, args.split()))
+        print(line)
+    except ValueError as e:
+        bad2 = [str(e)]
+    for b in bad2[:5]:
+        print("FAIL:", b)
+    if bad2:
+        print("FAIL: %s: traffic or memory" % what)
+    failed += bool(bad or bad2)
+sys.exit(1 if failed else 0)
+PY
 }
 
 for pp in 2 4; do
@@ -68,4 +97,5 @@ done
 run 2 2 2 2 "zero_bubble{}" true
 run 2 4 1 3 "zero_bubble{}"
 run 2 4 1 1 "interleaved{chunks = 2}" true
+check_all || { echo "FAIL: pp_equiv $ARCH"; exit 1; }
 echo "pp_equiv $ARCH: $n runs equal to the single process"

@@ -43,7 +43,7 @@ cont 1 4 1 0 conv.h5 converted "$@"
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import h5py, numpy as np
-from compare import weight_distance
+from zcheck import weight_distance
 full = {r["step"]: r["loss"] for r in map(json.loads, open("full.jsonl")) if "loss" in r}
 bad, n = [], 0
 with h5py.File("full.h5") as f:

@@ -45,32 +45,7 @@ import sys
 import numpy as np
 
 import ztorch
-
-
-class Failure(Exception):
-    pass
-
-
-def rel(a: float, b: float) -> float:
-    """|a - b| / |b|, with 0/0 = 0; NaN propagates so that it fails checks."""
-    diff = abs(a - b)
-    return diff / abs(b) if b != 0 else (0.0 if diff == 0 else math.inf)
-
-
-def read_metrics(path: str) -> list:
-    rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise Failure(f"{path}:{lineno}: not JSON: {e}")
-            # Validation-only lines carry "val_loss" and no training step.
-            if "loss" in row:
-                rows.append(row)
-    return rows
+from zcheck import Failure, read_metrics, rel, weight_distance  # noqa: F401
 
 
 def metric(row: dict, key: str) -> float:
@@ -83,23 +58,6 @@ def check_names(model, tensors, what: str) -> None:
     problems = ztorch.name_mismatches(model, tensors)
     if problems:
         raise Failure(f"{what} does not match the torch model:\n  " + "\n  ".join(problems))
-
-
-def weight_distance(name: str, value, ref, dim: int) -> float:
-    """Relative L2 distance ‖value − ref‖ / ‖ref‖ of one logical tensor.
-
-    The key bias of gpt's attn.qkv.bias (rows dim..2*dim) has an identically
-    zero gradient (it shifts every score of a query by the same amount, which
-    softmax ignores), so its value is rounding noise that Adam normalises up
-    to ~lr-sized steps: it cannot match and does not affect the model. Only
-    the q and v rows of that tensor are compared.
-    """
-    value, ref = np.asarray(value, np.float64), np.asarray(ref, np.float64)
-    if name.endswith("attn.qkv.bias"):
-        keep = np.r_[0:dim, 2 * dim : 3 * dim]
-        value, ref = value[keep], ref[keep]
-    num, den = np.linalg.norm(value - ref), np.linalg.norm(ref)
-    return num / den if den else (0.0 if num == 0 else math.inf)
 
 
 def fmt(x: float) -> str:

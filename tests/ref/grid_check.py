@@ -8,7 +8,7 @@ Each directory holds m.jsonl (metrics), final.h5 (checkpoint) and run.json
 ({"dp", "tp", "zero", "sp", "accum", "micro_batch", "bucket_bytes"}; sp:
 sequence parallelism). For every run:
   - equivalence: each step's loss within 1e-5 relative of the reference,
-    every logical tensor within 1e-4 relative L2 (compare.weight_distance);
+    every logical tensor within 1e-4 relative L2 (zcheck.weight_distance);
   - traffic on the dp group, bytes per step per rank (Ψ = this TP rank's
     parameter count, a = micro-batches per step, ring volumes):
       zero 0 and 1: 2Ψ(dp−1)/dp · 4;  zero 2: (a+1)Ψ(dp−1)/dp · 4;
@@ -38,8 +38,8 @@ import sys
 
 import numpy as np
 
-import ztorch
-from compare import read_metrics, rel, weight_distance
+import zcheck
+from zcheck import read_metrics, rel, weight_distance
 
 # Logical tensors cut over the TP group (column-, row- or vocab-parallel);
 # all others (norms, positions, row-parallel biases) are whole on every rank.
@@ -74,7 +74,7 @@ def check(ref, run_dir: str) -> list:
         label += f" kv_rep={tp // ref[1].plan['model']['kv_heads']}"
     bad = []
     rows = read_metrics(os.path.join(run_dir, "m.jsonl"))
-    ck = ztorch.read_checkpoint(os.path.join(run_dir, "final.h5"))
+    ck = zcheck.read_checkpoint(os.path.join(run_dir, "final.h5"))
     ref_rows, ref_ck = ref
     m = ref_ck.plan["model"]
     if len(rows) != len(ref_rows) or not rows:
@@ -135,7 +135,7 @@ def main() -> int:
         return 2
     ref_dir = sys.argv[1]
     ref_rows = read_metrics(os.path.join(ref_dir, "m.jsonl"))
-    ref_ck = ztorch.read_checkpoint(os.path.join(ref_dir, "final.h5"))
+    ref_ck = zcheck.read_checkpoint(os.path.join(ref_dir, "final.h5"))
     clip = ref_ck.plan["train"]["clip"]
     if not any(r["grad_norm"] > clip for r in ref_rows):
         print("FAIL: clipping never acted in the reference run")

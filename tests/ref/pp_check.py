@@ -16,24 +16,21 @@ within 1%. Exit 0 on pass, 1 on failure.
 """
 import sys
 
-import ztorch
-from compare import read_metrics
+import zcheck
+from zcheck import read_metrics
 from grid_check import local_count, unit_of
 
 
-def main() -> int:
-    if len(sys.argv) != 7:
-        print(__doc__)
-        return 2
-    run, (pp, tp, dp, zero, chunks) = sys.argv[1], map(int, sys.argv[2:])
+def check(run: str, pp: int, tp: int, dp: int, zero: int, chunks: int) -> tuple:
+    """(summary line, failures) for the run in RUN_DIR; raises ValueError
+    when the plan's stages do not match pp * chunks."""
     rows = read_metrics(run + "/m.jsonl")
-    ck = ztorch.read_checkpoint(run + "/final.h5")
+    ck = zcheck.read_checkpoint(run + "/final.h5")
     m, train = ck.plan["model"], ck.plan["train"]
     L, V = m["layers"], pp * chunks
     stages = ck.plan["parallel"]["stages"]
     if len(stages) != V:
-        print(f"pp_check: the plan lists {len(stages)} stages, pp * chunks = {V}")
-        return 2
+        raise ValueError(f"pp_check: the plan lists {len(stages)} stages, pp * chunks = {V}")
     first = {0} | {1 + b for v in range(0, V, pp) for b in range(stages[v][0], stages[v][1] + 1)}
     psi = sum(local_count(n, t.size, tp, m["kv_heads"]) for n, t in ck.model.items()
               if unit_of(n, L) in first)
@@ -50,8 +47,21 @@ def main() -> int:
     st = rows[-1]["state_bytes"] if rows else -1
     if abs(st - want_state) > 0.01 * want_state:
         bad.append(f"model states {st} bytes, formula {want_state:.0f}")
-    print(f"   first stage: Ψ {psi}, dp bytes/step {rows[-1]['bytes']['dp'] if rows else None} "
-          f"(formula {want_dp:.0f}), states {st} (formula {want_state:.0f})")
+    return (f"   first stage: Ψ {psi}, dp bytes/step {rows[-1]['bytes']['dp'] if rows else None} "
+            f"(formula {want_dp:.0f}), states {st} (formula {want_state:.0f})"), bad
+
+
+def main() -> int:
+    if len(sys.argv) != 7:
+        print(__doc__)
+        return 2
+    run, (pp, tp, dp, zero, chunks) = sys.argv[1], map(int, sys.argv[2:])
+    try:
+        line, bad = check(run, pp, tp, dp, zero, chunks)
+    except ValueError as e:
+        print(e)
+        return 2
+    print(line)
     for b in bad[:5]:
         print("FAIL:", b)
     return 1 if bad else 0

@@ -22,73 +22,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CHECKPOINT_FORMAT = "ztrain-checkpoint"
-CHECKPOINT_VERSIONS = (1, 2)
+# The checkpoint reader needs no torch: it lives in zcheck (which the
+# equivalence checkers import alone, without torch's second of start-up).
+from zcheck import (CHECKPOINT_FORMAT, CHECKPOINT_VERSIONS, Checkpoint,  # noqa: F401
+                    _attr_str, _read_group, read_checkpoint)
 
 TOKEN_MAGIC = b"ZTRAINTK"
 TOKEN_HEADER = struct.Struct("<8sIIQII")  # magic, version, token_bytes, count, vocab, reserved
 assert TOKEN_HEADER.size == 32
-
-
-# --------------------------------------------------------------------------
-# Checkpoint
-
-
-@dataclass
-class Checkpoint:
-    plan: dict
-    step: int
-    model: Dict[str, np.ndarray]
-    # None when the file has no /optim group (e.g. a freshly initialised model).
-    exp_avg: Optional[Dict[str, np.ndarray]]
-    exp_avg_sq: Optional[Dict[str, np.ndarray]]
-    # Steps skipped for non-finite values before this one: the optimizer's
-    # clock (AdamW's bias correction, the LR schedule) is step - skipped.
-    skipped: int = 0
-    # The dynamic loss scaler's state (state.loss_scaler), when it has one.
-    loss_scaler: Optional[dict] = None
-
-
-def _attr_str(value) -> str:
-    # h5py returns variable-length strings as str, fixed-length ones as bytes.
-    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
-
-
-def _read_group(group: h5py.Group) -> Dict[str, np.ndarray]:
-    # Names are flat ("blocks.0.attn.qkv.weight"), so a nested group means the
-    # writer does not follow the format: refuse rather than guess a flattening.
-    out = {}
-    for name, obj in group.items():
-        if not isinstance(obj, h5py.Dataset):
-            raise ValueError(f"{obj.name}: expected a dataset, found a group")
-        if obj.dtype != np.float32:
-            raise ValueError(f"{obj.name}: dtype {obj.dtype}, expected float32")
-        out[name] = obj[()]
-    return out
-
-
-def read_checkpoint(path: str) -> Checkpoint:
-    with h5py.File(path, "r") as f:
-        fmt = _attr_str(f.attrs.get("format", ""))
-        if fmt != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: format attribute is {fmt!r}, expected {CHECKPOINT_FORMAT!r}")
-        version = int(f.attrs.get("format_version", -1))
-        if version not in CHECKPOINT_VERSIONS:
-            raise ValueError(f"{path}: format_version {version}, expected one of {CHECKPOINT_VERSIONS}")
-        if "plan" not in f.attrs or "step" not in f.attrs:
-            raise ValueError(f"{path}: missing 'plan' or 'step' attribute")
-        plan = json.loads(_attr_str(f.attrs["plan"]))
-        step = int(f.attrs["step"])
-        state = json.loads(_attr_str(f.attrs["state"])) if "state" in f.attrs else {}
-        skipped = int(state.get("skipped_steps", 0))
-        if "model" not in f:
-            raise ValueError(f"{path}: no /model group")
-        model = _read_group(f["model"])
-        exp_avg = exp_avg_sq = None
-        if "optim" in f:
-            exp_avg = _read_group(f["optim/exp_avg"])
-            exp_avg_sq = _read_group(f["optim/exp_avg_sq"])
-    return Checkpoint(plan, step, model, exp_avg, exp_avg_sq, skipped, state.get("loss_scaler"))
 
 
 # --------------------------------------------------------------------------
