@@ -108,10 +108,18 @@ static void traced(const zt_comm *c, zt_comm_op op, uint64_t seq, double t0) {
                    zt_timer_now(), "seq", (long long)seq, NULL, 0);
 }
 
+/* Polls until the request completes, under the watchdog. A short spin
+ * answers quick operations at once; then 20 us naps, which cost little
+ * against waits that already took that long, and leave the core to other
+ * ranks and threads where it is shared (more ranks than cores spent a
+ * quarter of their time yielding to each other in an endless spin). */
 static void wait_watched(zt_comm *c, zt_comm_op op, uint64_t seq, MPI_Request *r, double t0) {
   if (*r == MPI_REQUEST_NULL) return;
   zt_watchdog_enter(c, op, seq, NULL);
-  while (!test_locked(r)) sched_yield();
+  const struct timespec nap = {0, 20000};
+  for (int spins = 0; !test_locked(r); spins++)
+    if (spins < 64) sched_yield();
+    else nanosleep(&nap, NULL);
   zt_watchdog_leave();
   traced(c, op, seq, t0);
 }
@@ -528,23 +536,6 @@ static void finish_stage(zt_req *r);
 
 void zt_comm_wait(zt_req *r) {
   wait_watched(r->c, r->op, r->seq, &r->mpi, r->t0);
-  finish_stage(r);
-}
-
-void zt_comm_wait_idle(zt_req *r) {
-  if (r->mpi == MPI_REQUEST_NULL) {
-    finish_stage(r);
-    return;
-  }
-  zt_watchdog_enter(r->c, r->op, r->seq, NULL);
-  /* a short spin answers quick transfers at once; then 20 us naps, which
-   * cost nothing against actions of milliseconds */
-  const struct timespec nap = {0, 20000};
-  for (int spins = 0; !test_locked(&r->mpi); spins++)
-    if (spins < 64) sched_yield();
-    else nanosleep(&nap, NULL);
-  zt_watchdog_leave();
-  traced(r->c, r->op, r->seq, r->t0);
   finish_stage(r);
 }
 

@@ -185,9 +185,6 @@ void zt_comm_gatherv(zt_comm *c, const void *send, void *recv, const int *counts
 void zt_comm_isend(zt_comm *c, const void *buf, size_t n, zt_dtype t, int peer, int tag,
                    zt_req *r);
 void zt_comm_irecv(zt_comm *c, void *buf, size_t n, zt_dtype t, int peer, int tag, zt_req *r);
-/* Waits like zt_comm_wait but sleeps between tests once the wait is long:
- * a pipeline stage in its bubble leaves the core to the others. */
-void zt_comm_wait_idle(zt_req *r);
 
 /* A thread other than the main one says it makes MPI calls from now on
  * (a background checkpoint writer) and when it stops: while one does, the
@@ -201,7 +198,9 @@ void zt_comm_thread_detach(void);
 void zt_comm_lock(void);
 void zt_comm_unlock(void);
 
-/* Completes a request (watched); test progresses it and says if done. */
+/* Completes a request under the watchdog, napping between tests once the
+ * wait is long (a pipeline stage in its bubble, a rank behind the others
+ * leave the core to the rest); test progresses it and says if done. */
 void zt_comm_wait(zt_req *r);
 int zt_comm_test(zt_req *r);
 

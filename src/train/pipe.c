@@ -164,7 +164,7 @@ static void post_ahead(zt_pipe *p, const zt_action *list, int n, int *next) {
 /* Waits for action i's receive and copies it to dst. */
 static void take_recv(zt_pipe *p, int i, float *dst) {
   int k = p->recv_of[i];
-  zt_comm_wait_idle(&p->rreq[k]);
+  zt_comm_wait(&p->rreq[k]);
   p->m->be->copy(p->m->stream, dst, p->rbuf[k], p->msg * zt_dtype_size(p->m->dt));
   p->rbusy[k] = 0;
 }
@@ -195,7 +195,7 @@ static void send(zt_pipe *p, const float *x, int peer, int t) {
     k = 0;
     for (int i = 1; i < p->n_sends; i++)
       if (p->sends[i].req.seq < p->sends[k].req.seq) k = i;
-    zt_comm_wait_idle(&p->sends[k].req);
+    zt_comm_wait(&p->sends[k].req);
   }
   p->m->be->copy(p->m->stream, p->sends[k].buf, x, p->msg * zt_dtype_size(p->m->dt));
   p->m->be->stream_sync(p->m->stream); /* MPI reads it from here on */
@@ -276,7 +276,7 @@ double zt_pipe_run(zt_pipe *p, int forward_only, float dscale, zt_pipe_fill fill
   }
   for (int i = 0; i < p->n_sends; i++)
     if (p->sends[i].busy) {
-      zt_comm_wait_idle(&p->sends[i].req);
+      zt_comm_wait(&p->sends[i].req);
       p->sends[i].busy = 0;
     }
   p->st.window = zt_timer_now() - start;
