@@ -14,3 +14,9 @@ zt_tokens() {
 import numpy as np
 np.random.seed($2); np.random.randint(0, ${4:-256}, $3).astype('<u2').tofile('$1')"
 }
+
+# Counters for a test of many checks: `ok` counts one that passed, `bad
+# WHAT` one that failed (and says what); the test ends on its own verdict.
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }

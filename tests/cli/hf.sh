@@ -34,10 +34,6 @@ VPY=${ZT_VENV:-$HOME/.cache/ztrain-venv}/bin/python
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 # local folders only, never the hub
 . "$(dirname "$0")/common.sh"
 zt_scratch
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
 if [ "$MODE" != offline ] && ! "$VPY" -c "import transformers" 2> /dev/null; then
   echo "FAIL: no transformers in $VPY: run bash tests/ref/venv.sh transformers==4.39.3"

@@ -28,9 +28,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/common.sh"
 zt_scratch
 export OMP_NUM_THREADS=1
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 
 zt_tokens tok.bin 7 20000
 cat > run.lua <<'LUA'

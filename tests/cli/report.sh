@@ -19,9 +19,6 @@ set -u
 Z=$(realpath "$1")
 . "$(dirname "$0")/common.sh"
 zt_scratch
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 PY=/usr/bin/python3 # Debian's, with python3-numpy and python3-pil
 
 CHROMIUM=$(command -v chromium || command -v chromium-browser || true)

@@ -12,9 +12,6 @@ set -u
 Z=$(realpath "$1")
 . "$(dirname "$0")/common.sh"
 zt_scratch
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 script() { # LAYERS PP GLOBAL_BATCH EXTRA
   cat <<LUA

@@ -19,10 +19,6 @@ REF=$(cd "$(dirname "$0")/../ref" && pwd)
 PY=/usr/bin/python3
 . "$(dirname "$0")/common.sh"
 zt_scratch
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
 # run NAME WANT_RC PATTERN -- zreshard args: the exit code and a pattern in
 # stdout+stderr (fixed string; "" matches anything).
