@@ -207,7 +207,9 @@ static int precision(ctx *c, const json_t *fp16, const json_t *bf16) {
   }
   if (!on16) {
     if (fp16 && json_object_size(fp16) > (en16 ? 1u : 0u))
-      sb_printf(&c->report, "  fp16.*: ignored: fp16 is not enabled (the loss scaler is fp16's)\n");
+      sb_printf(&c->report, "  fp16.*: ignored: %s\n", en16 && is_auto(en16)
+                ? "fp16.enabled is \"auto\": the script's precision and loss_scale are kept"
+                : "fp16 is not enabled (the loss scaler is fp16's)");
     return ZT_OK;
   }
   /* fp16.loss_scale: 0 (DeepSpeed's default) = dynamic, > 0 = static */
@@ -348,12 +350,14 @@ static const known opt_keys[] = {{"type", NULL}, {"params", NULL}, {0, 0}};
 static const known adam_keys[] = {
     {"lr", NULL}, {"betas", NULL}, {"eps", NULL}, {"weight_decay", NULL}, {"adam_w_mode", NULL},
     {"bias_correction", NULL}, {"amsgrad", NULL},
-    {"torch_adam", "an implementation choice; ztrain has one AdamW"},
+    {"torch_adam", NULL}, /* picks the weight decay's default */
     {"fused", "an implementation choice; ztrain has one AdamW"},
     {0, 0}};
 
+static int optimizer_params(ctx *c, int adamw, const json_t *p);
+
 /* optimizer: AdamW (or DeepSpeed's Adam, which is AdamW unless adam_w_mode
- * is false). `scheduled`: a scheduler section is present (refused later). */
+ * is false). */
 static int optimizer(ctx *c, const json_t *o) {
   int rc;
   if ((rc = get_object(c, "optimizer", o)) || (rc = sweep(c, "optimizer", o, opt_keys))) return rc;
@@ -363,7 +367,15 @@ static int optimizer(ctx *c, const json_t *o) {
     return bad(c, "optimizer.type", type ? type : json_null(),
                "\"AdamW\" or \"Adam\" (ztrain's optimizer is AdamW; others are not built)");
   int adamw = !strcasecmp(json_string_value(type), "AdamW");
-  if (!p) return ZT_OK;
+  if (p) return optimizer_params(c, adamw, p);
+  json_t *none = json_object(); /* no params: every one is the default */
+  rc = optimizer_params(c, adamw, none);
+  json_decref(none);
+  return rc;
+}
+
+static int optimizer_params(ctx *c, int adamw, const json_t *p) {
+  int rc;
   if ((rc = get_object(c, "optimizer.params", p)) || (rc = sweep(c, "optimizer.params", p, adam_keys)))
     return rc;
   const json_t *v;
@@ -387,21 +399,30 @@ static int optimizer(ctx *c, const json_t *o) {
       return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: optimizer.params.amsgrad true is refused: "
                         "ztrain's AdamW has no AMSGrad; use false", c->file);
   }
-  double d;
-  if ((v = json_object_get(p, "lr")) && !is_auto(v)) {
-    if ((rc = get_num(c, "optimizer.params.lr", v, 0, 1, &d))) return rc;
-    map(c, "optimizer.params.lr", "train.lr = %s", num(d));
-  } else if (v) kept(c, "optimizer.params.lr");
-  if ((v = json_object_get(p, "eps")) && !is_auto(v)) {
-    if ((rc = get_num(c, "optimizer.params.eps", v, 0, 1, &d))) return rc;
-    map(c, "optimizer.params.eps", "train.eps = %s", num(d));
-  } else if (v) kept(c, "optimizer.params.eps");
-  if ((v = json_object_get(p, "weight_decay")) && !is_auto(v)) {
-    if ((rc = get_num(c, "optimizer.params.weight_decay", v, 0, 0, &d))) return rc;
-    map(c, "optimizer.params.weight_decay", "train.weight_decay = %s", num(d));
-    sb_printf(&c->report, "  note: ztrain decays matrices only, not biases and norm weights (as "
-              "Hugging Face's Trainer groups them for DeepSpeed)\n");
-  } else if (v) kept(c, "optimizer.params.weight_decay");
+  /* A key not given is the DeepSpeed optimizer's default, not the
+   * script's: DeepSpeed builds FusedAdam (torch's AdamW with torch_adam,
+   * whose weight decay defaults to 0.01) from exactly these params. */
+  int torch_adam = 0;
+  if ((v = json_object_get(p, "torch_adam")) && (rc = get_bool(c, "optimizer.params.torch_adam", v, &torch_adam)))
+    return rc;
+  static const char *const names[] = {"lr", "eps", "weight_decay"};
+  const double dflt[] = {1e-3, 1e-8, torch_adam ? 0.01 : 0.0};
+  const char *whose = torch_adam ? "torch.optim.AdamW's default" : "DeepSpeed's FusedAdam default";
+  for (int i = 0; i < 3; i++) {
+    char path[112];
+    snprintf(path, sizeof path, "optimizer.params.%s", names[i]);
+    double d = dflt[i];
+    v = json_object_get(p, names[i]);
+    if (v && is_auto(v)) {
+      kept(c, path);
+      continue;
+    }
+    if (v && (rc = get_num(c, path, v, 0, i < 2, &d))) return rc;
+    if (!v) snprintf(path + strlen(path), sizeof path - strlen(path), " (not given: %s)", whose);
+    map(c, path, "train.%s = %s", names[i], num(d));
+  }
+  sb_printf(&c->report, "  note: ztrain decays matrices only, not biases and norm weights (as "
+            "Hugging Face's Trainer groups them for DeepSpeed)\n");
   if ((v = json_object_get(p, "betas")) && !is_auto(v)) {
     const json_t *b1 = json_array_get(v, 0), *b2 = json_array_get(v, 1);
     if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_number(b1) || !json_is_number(b2) ||
@@ -410,7 +431,13 @@ static int optimizer(ctx *c, const json_t *o) {
       return bad(c, "optimizer.params.betas", v, "a pair [beta1, beta2] with both in [0, 1)");
     map(c, "optimizer.params.betas", "train.betas = {%s, %s}", num(json_number_value(b1)),
         num(json_number_value(b2)));
-  } else if (v) kept(c, "optimizer.params.betas");
+  } else if (v) {
+    kept(c, "optimizer.params.betas");
+  } else {
+    char path[96];
+    snprintf(path, sizeof path, "optimizer.params.betas (not given: %s)", whose);
+    map(c, path, "train.betas = {0.9, 0.999}");
+  }
   return ZT_OK;
 }
 

@@ -103,6 +103,11 @@ grep -q 'train_micro_batch_size_per_gpu 2 \* gradient_accumulation_steps 2 \* dp
 "$Z" schedule --ds-config ds.json run.lua -e 'train.global_batch = 16' > sched.txt 2>&1 &&
   grep -q ' 4 micro-batches per step' sched.txt && ok || bad "-e does not win over --ds-config"
 
+# optimizer params not given are DeepSpeed's FusedAdam defaults, not the script's
+echo '{"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}' > opt.json
+"$Z" schedule --ds-config opt.json run.lua > opt.txt 2>&1 && grep -q '^train.weight_decay = 0$' opt.txt &&
+  grep -q '^train.betas = {0.9, 0.999}$' opt.txt && ok || bad "optimizer defaults are not DeepSpeed's"
+
 # (4) ignored keys, each with its reason
 grep -q 'zero_optimization.allgather_bucket_size: ignored: ' ds1.txt && ok ||
   bad "allgather_bucket_size is not listed as ignored"
