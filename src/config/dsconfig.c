@@ -441,10 +441,13 @@ static int optimizer_params(ctx *c, int adamw, const json_t *p) {
   return ZT_OK;
 }
 
-/* DeepSpeed's schedules count from step 0 (WarmupLR's first step runs at
- * warmup_min_lr, WarmupCosineLR's at 0) and default to a log warmup;
- * ztrain's zt.lr.cosine warms up as peak*(s+1)/warmup. No DeepSpeed
- * schedule is any of ztrain's exactly, so each is refused, not bent. */
+/* DeepSpeed (0.16) sets a schedule's step -1 value before the first update
+ * and steps it after each, so update s (0-based) runs at the schedule's
+ * step s-1: WarmupLR's first two updates at warmup_min_lr,
+ * WarmupCosineLR's first at 0, then (s-1)/warmup_num_steps of the way,
+ * log-shaped unless warmup_type is "linear". zt.lr.cosine runs update s at
+ * (s+1)/warmup from 0. No DeepSpeed schedule is one of ztrain's exactly,
+ * so each is refused, not bent into one. */
 static int scheduler(ctx *c, const json_t *s) {
   int rc;
   if ((rc = get_object(c, "scheduler", s))) return rc;
@@ -453,8 +456,8 @@ static int scheduler(ctx *c, const json_t *s) {
   const char *t = json_string_value(type);
   if (!strcmp(t, "WarmupLR") || !strcmp(t, "WarmupDecayLR") || !strcmp(t, "WarmupCosineLR"))
     return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: scheduler.type \"%s\" is refused: ztrain's LR "
-                      "schedules cannot express it exactly (DeepSpeed's warmup runs its step s at "
-                      "s/warmup_num_steps, from warmup_min_lr, log-shaped by default; zt.lr.cosine's at "
+                      "schedules cannot express it exactly (DeepSpeed runs update s at (s-1)/warmup_num_steps "
+                      "of its warmup from warmup_min_lr, log-shaped by default; zt.lr.cosine at "
                       "(s+1)/warmup from 0); remove \"scheduler\" and set train.lr = zt.lr.cosine{peak "
                       "= ..., warmup = ..., final = ...} in the script or with -e", c->file, t);
   return bad(c, "scheduler.type", type, "one of DeepSpeed's \"WarmupLR\", \"WarmupDecayLR\", "
