@@ -25,6 +25,7 @@
 #include "src/ckpt/hf.h"
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
+#include "src/config/dsconfig.h"
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 #include "src/data/data.h"
@@ -41,8 +42,8 @@ static const char usage[] =
     "Usage: ztrain [OPTIONS] SCRIPT.lua\n"
     "       ztrain tokenize INPUT... OUTPUT.bin [--tokenizer PATH | --train-vocab N\n"
     "                       [--tokenizer-out PATH]] [--val VAL.bin] [--val-fraction F]\n"
-    "       ztrain schedule [-e STMT]... [--script-timeout S] [--script-memory MIB]\n"
-    "                       SCRIPT.lua\n"
+    "       ztrain schedule [-e STMT]... [--ds-config JSON] [--script-timeout S]\n"
+    "                       [--script-memory MIB] SCRIPT.lua\n"
     "       ztrain eval SCRIPT.lua --load CKPT [-e STMT]... [--json]\n"
     "       ztrain sample SCRIPT.lua --load CKPT --prompt TEXT [--tokens N]\n"
     "                     [--temperature T] [--top-k K] [--seed S] [--ids]\n"
@@ -72,6 +73,9 @@ static const char usage[] =
     "                   that plans the run (-e statements, schedule functions;\n"
     "                   default 30); past it the run is refused (exit 2)\n"
     "      --script-memory MIB  memory budget of the same (default 1024)\n"
+    "      --ds-config JSON  a DeepSpeed config: its batch, precision, ZeRO,\n"
+    "                   optimizer and clipping keys as Lua statements after the\n"
+    "                   script, before -e (docs/script.md, DeepSpeed configs)\n"
     "  -h, --help       show this help and exit\n"
     "  -V, --version    show the version and exit\n"
     "\n"
@@ -126,7 +130,16 @@ typedef struct {
   int nstmts;
   const char *script, *load, *save, *metrics, *resume, *trace;
   zt_script_limits limits;
+  zt_dsconfig ds; /* --ds-config, read; limits.ds points at it */
 } cli_args;
+
+/* What --ds-config became, for rank 0 to show; with_lua: the statements too. */
+static void print_ds(const cli_args *a, int with_lua) {
+  if (!a->limits.ds) return;
+  printf("ds-config %s (DeepSpeed keys -> the run's Lua, applied after the script, before -e):\n%s",
+         a->ds.path, a->ds.report);
+  if (with_lua) printf("ds-config statements:\n%s", a->ds.lua);
+}
 
 static int agree(zt_comm *world, int rc, zt_err *e) { return zt_comm_agree(world, rc, e); }
 
@@ -154,11 +167,12 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
       {"save", required_argument, 0, 'o'},  {"metrics", required_argument, 0, 'm'},
       {"resume", required_argument, 0, 'r'}, {"trace", required_argument, 0, 't'},
       {"script-timeout", required_argument, 0, 'T'}, {"script-memory", required_argument, 0, 'M'},
+      {"ds-config", required_argument, 0, 'D'},
       {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},     {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   a->stmts = calloc((size_t)argc + 1, sizeof *a->stmts);
-  const char *steps = NULL;
+  const char *steps = NULL, *ds_config = NULL;
   int c;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "e:hV", longopts, NULL)) != -1) {
@@ -170,6 +184,7 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
       case 'm': a->metrics = optarg; break;
       case 'r': a->resume = optarg; break;
       case 't': a->trace = optarg; break;
+      case 'D': ds_config = optarg; break;
       case 'T':
       case 'M': {
         /* finite and > 0; memory at least what the library itself needs */
@@ -210,6 +225,10 @@ static int parse_args(int argc, char **argv, cli_args *a, zt_err *e) {
                                                    : "one script expected, got %d arguments; see ztrain --help",
                       argc - optind);
   a->script = argv[optind];
+  if (ds_config) {
+    a->limits.ds = &a->ds;
+    return zt_dsconfig_read(&a->ds, ds_config, e);
+  }
   return ZT_OK;
 }
 
@@ -275,6 +294,7 @@ static int schedule_main(int argc, char **argv) {
   if (rc == 'h' || rc == 'V') rc = zt_err_set(&e, ZT_EINPUT, "usage: ztrain schedule [-e STMT]... SCRIPT.lua");
   zt_plan plan = {0};
   if (!rc) rc = zt_config_load(&plan, a.script, a.stmts, a.nstmts, 0, &a.limits, &e);
+  if (!rc) print_ds(&a, 1);
   if (!rc) {
     const zt_pipeline_cfg *pc = &plan.pipeline;
     const zt_schedule *s = &pc->schedule;
@@ -295,6 +315,7 @@ static int schedule_main(int argc, char **argv) {
   if (rc) fprintf(stderr, "ztrain schedule: error: %s\n", e.msg);
   for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);
   free(a.stmts);
+  zt_dsconfig_free(&a.ds);
   zt_plan_free(&plan);
   return rc;
 }
@@ -481,6 +502,7 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
   zt_script_limits lim = a->limits;
   lim.quiet = world->rank != 0; /* one message, from the first rank */
   int rc = zt_config_load(&plan, a->script, a->stmts, a->nstmts, world->size, &lim, e);
+  if (!rc && rank0) print_ds(a, 0);
   /* this rank knows the run's timeout now: the agreement below is watched by it */
   if (!rc) zt_watchdog_set_timeout(plan.parallel.timeout);
   if (!rc) rc = zt_cli_pick_backend(plan.parallel.device, &be, e);
@@ -686,6 +708,7 @@ int main(int argc, char **argv) {
   if (rc && world.rank == 0 && e.msg[0]) fprintf(stderr, "ztrain: error: %s\n", e.msg);
   for (int i = 0; i < a.nstmts; i++) free(a.stmts[i]);
   free(a.stmts);
+  zt_dsconfig_free(&a.ds);
   if (wrc == -2) zt_comm_abort(1); /* the missing ranks never will */
   zt_comm_finalize(&world);
   return rc;

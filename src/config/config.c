@@ -3,6 +3,7 @@
  * batch arithmetic) and converts the checked table into C structs. */
 #include "src/config/config.h"
 #include "src/config/data_spec.h"
+#include "src/config/dsconfig.h"
 #include "src/config/pipeline.h"
 
 #include <jansson.h>
@@ -567,7 +568,7 @@ static const char *precision_name(zt_dtype t) {
   return t == ZT_BF16 ? "bf16" : t == ZT_F16 ? "fp16" : "fp32";
 }
 
-static char *plan_json(const zt_plan *p) {
+static char *plan_json(const zt_plan *p, const zt_dsconfig *ds) {
   const zt_model_cfg *m = &p->model;
   const zt_train_cfg *t = &p->train;
   const zt_lr *lr = &t->optim.lr;
@@ -626,6 +627,9 @@ static char *plan_json(const zt_plan *p) {
                                               ls->min_loss_scale, "consecutive_hysteresis",
                                               ls->consecutive_hysteresis)
                                   : json_real(ls->scale));
+  /* the DeepSpeed config by path and the statements it became, to rerun */
+  if (ds)
+    json_object_set_new(root, "ds_config", json_pack("{s:s, s:s}", "path", ds->path, "lua", ds->lua));
   char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
   json_decref(root);
   return s;
@@ -686,6 +690,9 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   }
   char model_at[LUA_IDSIZE + 24] = "";
   if (!rc) rc = run_chunk(L, luaL_loadfile(L, script), e);
+  zt_dsconfig *ds = lim ? lim->ds : NULL;
+  if (!rc && ds && !(rc = zt_dsconfig_apply(ds, L, world_size, e)))
+    rc = run_chunk(L, luaL_loadbuffer(L, ds->lua, strlen(ds->lua), "=(ds-config)"), e);
   for (int i = 0; i < nstmts && !rc; i++)
     rc = run_chunk(L, luaL_loadbuffer(L, stmts[i], strlen(stmts[i]), "=(-e)"), e);
   if (!rc) {
@@ -732,7 +739,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
     memory_budget(&p->model.mem, p->parallel.dp, p->parallel.zero.stage);
   lua_close(L); /* runs the script's finalizers: the backstop still watches */
   backstop_stop(&bs);
-  if (!rc) p->json = plan_json(p);
+  if (!rc) p->json = plan_json(p, ds);
   if (!rc) p->script_text = read_text(script);
   return rc;
 }

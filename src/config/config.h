@@ -61,6 +61,9 @@ typedef struct zt_script_limits {
   double seconds; /* wall-clock (--script-timeout) */
   double mib;     /* memory of the Lua state (--script-memory) */
   int quiet;      /* not the rank that prints (the backstop's message) */
+  /* --ds-config, read: its statements run between the script and the -e
+   * statements, and the plan records them (NULL: none) */
+  struct zt_dsconfig *ds;
 } zt_script_limits;
 
 /* Runs `script` then each of `stmts` (Lua statements) in one state under
