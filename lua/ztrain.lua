@@ -162,10 +162,63 @@ function M.lr.constant(t)
   return s
 end
 
+-- DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (0.16), exactly
+-- (C: zt_lr_at). Each type takes only its own keys; one left out is
+-- DeepSpeed's default, total_num_steps train.steps.
+local ds_keys = {
+  WarmupLR = { warmup_min_lr = 0.0, warmup_max_lr = 0.001 },
+  WarmupDecayLR = { warmup_min_lr = 0.0, warmup_max_lr = 0.001, total_num_steps = false },
+  WarmupCosineLR = { lr = false, warmup_min_ratio = 0.0, cos_min_ratio = 0.0001, total_num_steps = false },
+}
+local deepspeed_spec = {
+  type = { oneof("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"), required = true },
+  warmup_type = { oneof("log", "linear"), default = "log" },
+  -- DeepSpeed runs max(2, warmup_num_steps); a negative count is a mistake
+  warmup_num_steps = { integer(0, INT_MAX), default = 1000 },
+  warmup_min_lr = { real(0, false) },
+  warmup_max_lr = { real(0, false) },
+  total_num_steps = { integer(1, INT_MAX) },
+  lr = { real(0, true) }, -- WarmupCosineLR's base: the optimizer's lr
+  warmup_min_ratio = { real(0, false) },
+  cos_min_ratio = { real(0, false) },
+}
+local function deepspeed_derive(c)
+  local own = ds_keys[c.type]
+  for k in pairs(deepspeed_spec) do
+    if c[k] ~= nil and own[k] == nil and k ~= "type" and k ~= "warmup_type" and k ~= "warmup_num_steps" then
+      return string.format("zt.lr.deepspeed: %s is not a key of type \"%s\"", k, c.type)
+    end
+  end
+  for k, d in pairs(own) do
+    if c[k] == nil and d then c[k] = d end
+  end
+  if c.type == "WarmupCosineLR" and c.lr == nil then
+    return "zt.lr.deepspeed: type \"WarmupCosineLR\" needs lr, the optimizer's learning rate its ratios scale"
+  end
+  c.kind = "deepspeed"
+end
+
+--- DeepSpeed's LR schedules: zt.lr.deepspeed{type = "WarmupLR" |
+--- "WarmupDecayLR" | "WarmupCosineLR", ...} with DeepSpeed's parameters.
+function M.lr.deepspeed(t)
+  local s = object(lr_mt, "zt.lr.deepspeed", deepspeed_spec, t, deepspeed_derive)
+  return s
+end
+
+-- --ds-config's "auto" learning rates: the script's train.lr, a number.
+function M.lr._auto(v)
+  if v == nil then return 3e-4 end -- train.lr's default
+  if type(v) ~= "number" then
+    K.raise("--ds-config: the scheduler's \"auto\" learning rate is the script's train.lr, which must be "
+            .. "a number here, got " .. describe(v))
+  end
+  return v
+end
+
 local positive = real(0, true)
 local function lr_value(v)
   if type(v) == "number" then
-    if not positive(v) then return nil, "a finite number > 0 or zt.lr.cosine{...}" end
+    if not positive(v) then return nil, "a finite number > 0 or zt.lr.cosine{...} / zt.lr.deepspeed{...}" end
     return { kind = "constant", value = v + 0.0 }
   end
   if getmetatable(v) == lr_mt then
@@ -173,7 +226,7 @@ local function lr_value(v)
     if not c then return nil, nil, msg end
     return c
   end
-  return nil, "a number or a schedule from zt.lr (zt.lr.cosine{...})"
+  return nil, "a number or a schedule from zt.lr (zt.lr.cosine{...}, zt.lr.deepspeed{...})"
 end
 
 local function betas(v)
@@ -585,6 +638,16 @@ function M._plan(script)
   local lr = plan.train.lr
   if lr.kind == "cosine" then
     lr.decay_steps = lr.decay_steps or math.max(plan.train.steps, 1)
+  elseif lr.kind == "deepspeed" then
+    if lr.type ~= "WarmupLR" then lr.total_num_steps = lr.total_num_steps or math.max(plan.train.steps, 1) end
+    -- DeepSpeed only warns; its WarmupCosineLR divides by total - warmup
+    local w = math.max(2, lr.warmup_num_steps)
+    if lr.type == "WarmupDecayLR" and lr.total_num_steps < w
+        or lr.type == "WarmupCosineLR" and lr.total_num_steps <= w then
+      fail(string.format("train.lr: zt.lr.deepspeed %s: total_num_steps = %d must be %s warmup_num_steps "
+                         .. "(%d, at least 2 as DeepSpeed runs it)", lr.type, lr.total_num_steps,
+                         lr.type == "WarmupDecayLR" and ">=" or ">", w))
+    end
   end
   return plan
 end

@@ -347,6 +347,23 @@ static void read_train(lua_State *L, zt_train_cfg *t) {
     o->lr.final = num(L, "final");
     o->lr.warmup = (int64_t)integer(L, "warmup");
     o->lr.decay_steps = (int64_t)integer(L, "decay_steps");
+  } else if (!strcmp(kind, "deepspeed")) {
+    o->lr.kind = ZT_LR_DEEPSPEED;
+    char *type = dupstr(L, "type"), *wt = dupstr(L, "warmup_type");
+    o->lr.ds.type = !strcmp(type, "WarmupLR") ? ZT_DS_WARMUP
+                    : !strcmp(type, "WarmupDecayLR") ? ZT_DS_WARMUP_DECAY : ZT_DS_WARMUP_COSINE;
+    o->lr.ds.log = !strcmp(wt, "log");
+    free(type), free(wt);
+    o->lr.ds.warmup_num_steps = (int64_t)integer(L, "warmup_num_steps");
+    if (o->lr.ds.type != ZT_DS_WARMUP) o->lr.ds.total_num_steps = (int64_t)integer(L, "total_num_steps");
+    if (o->lr.ds.type == ZT_DS_WARMUP_COSINE) {
+      o->lr.ds.lr = num(L, "lr");
+      o->lr.ds.warmup_min_ratio = num(L, "warmup_min_ratio");
+      o->lr.ds.cos_min_ratio = num(L, "cos_min_ratio");
+    } else {
+      o->lr.ds.warmup_min_lr = num(L, "warmup_min_lr");
+      o->lr.ds.warmup_max_lr = num(L, "warmup_max_lr");
+    }
   } else {
     o->lr.kind = ZT_LR_CONSTANT;
     o->lr.value = num(L, "value");
@@ -568,6 +585,22 @@ static const char *precision_name(zt_dtype t) {
   return t == ZT_BF16 ? "bf16" : t == ZT_F16 ? "fp16" : "fp32";
 }
 
+/* zt.lr.deepspeed as the script writes it, with the defaults it ran */
+static json_t *ds_lr_json(const zt_lr *lr) {
+  static const char *const types[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+  json_t *j = lr->ds.type == ZT_DS_WARMUP_COSINE
+                  ? json_pack("{s:f, s:f, s:f}", "lr", lr->ds.lr, "warmup_min_ratio",
+                              lr->ds.warmup_min_ratio, "cos_min_ratio", lr->ds.cos_min_ratio)
+                  : json_pack("{s:f, s:f}", "warmup_min_lr", lr->ds.warmup_min_lr, "warmup_max_lr",
+                              lr->ds.warmup_max_lr);
+  json_object_update_new(j, json_pack("{s:s, s:s, s:s, s:I}", "kind", "deepspeed", "type",
+                                      types[lr->ds.type], "warmup_type", lr->ds.log ? "log" : "linear",
+                                      "warmup_num_steps", (json_int_t)lr->ds.warmup_num_steps));
+  if (lr->ds.type != ZT_DS_WARMUP)
+    json_object_set_new(j, "total_num_steps", json_integer((json_int_t)lr->ds.total_num_steps));
+  return j;
+}
+
 static char *plan_json(const zt_plan *p, const zt_dsconfig *ds) {
   const zt_model_cfg *m = &p->model;
   const zt_train_cfg *t = &p->train;
@@ -576,6 +609,7 @@ static char *plan_json(const zt_plan *p, const zt_dsconfig *ds) {
                     ? json_pack("{s:s, s:f, s:I, s:f, s:I}", "kind", "cosine", "peak",
                                 lr->peak, "warmup", (json_int_t)lr->warmup, "final",
                                 lr->final, "decay_steps", (json_int_t)lr->decay_steps)
+                    : lr->kind == ZT_LR_DEEPSPEED ? ds_lr_json(lr)
                     : json_pack("{s:s, s:f}", "kind", "constant", "value", lr->value);
   json_t *root = json_pack(
       "{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b},"

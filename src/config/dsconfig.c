@@ -441,27 +441,79 @@ static int optimizer_params(ctx *c, int adamw, const json_t *p) {
   return ZT_OK;
 }
 
-/* DeepSpeed (0.16) sets a schedule's step -1 value before the first update
- * and steps it after each, so update s (0-based) runs at the schedule's
- * step s-1: WarmupLR's first two updates at warmup_min_lr,
- * WarmupCosineLR's first at 0, then (s-1)/warmup_num_steps of the way,
- * log-shaped unless warmup_type is "linear". zt.lr.cosine runs update s at
- * (s+1)/warmup from 0. No DeepSpeed schedule is one of ztrain's exactly,
- * so each is refused, not bent into one. */
+/* scheduler: DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR are
+ * zt.lr.deepspeed{...}, the same schedule step for step (optim.c says how
+ * the steps line up). DeepSpeed passes params to the class as keywords, so
+ * a key the class lacks is an error there, and here. "auto" is what
+ * Hugging Face's integration puts there: warmup_min_lr 0, warmup_max_lr
+ * the optimizer's lr, total_num_steps the run's steps. */
+static const char *const ds_params[] = {"warmup_num_steps", "warmup_type", "warmup_min_lr",
+                                        "warmup_max_lr", "total_num_steps", "warmup_min_ratio",
+                                        "cos_min_ratio", "last_batch_iteration"};
 static int scheduler(ctx *c, const json_t *s) {
+  static const known keys[] = {{"type", NULL}, {"params", NULL}, {0, 0}};
   int rc;
-  if ((rc = get_object(c, "scheduler", s))) return rc;
-  const json_t *type = json_object_get(s, "type");
-  if (!json_is_string(type)) return bad(c, "scheduler.type", type ? type : json_null(), "a string");
-  const char *t = json_string_value(type);
-  if (!strcmp(t, "WarmupLR") || !strcmp(t, "WarmupDecayLR") || !strcmp(t, "WarmupCosineLR"))
-    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: scheduler.type \"%s\" is refused: ztrain's LR "
-                      "schedules cannot express it exactly (DeepSpeed runs update s at (s-1)/warmup_num_steps "
-                      "of its warmup from warmup_min_lr, log-shaped by default; zt.lr.cosine at "
-                      "(s+1)/warmup from 0); remove \"scheduler\" and set train.lr = zt.lr.cosine{peak "
-                      "= ..., warmup = ..., final = ...} in the script or with -e", c->file, t);
-  return bad(c, "scheduler.type", type, "one of DeepSpeed's \"WarmupLR\", \"WarmupDecayLR\", "
-             "\"WarmupCosineLR\" (all refused for now: see docs/script.md)");
+  if ((rc = get_object(c, "scheduler", s)) || (rc = sweep(c, "scheduler", s, keys))) return rc;
+  const json_t *type = json_object_get(s, "type"), *p = json_object_get(s, "params"), *v;
+  const char *t = json_is_string(type) ? json_string_value(type) : "";
+  int ty = !strcmp(t, "WarmupLR") ? 0 : !strcmp(t, "WarmupDecayLR") ? 1 : !strcmp(t, "WarmupCosineLR") ? 2 : -1;
+  if (ty < 0 && (!strcmp(t, "OneCycle") || !strcmp(t, "LRRangeTest")))
+    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: scheduler.type \"%s\" is refused: ztrain has no "
+                      "such LR schedule; use WarmupLR, WarmupDecayLR or WarmupCosineLR, or remove "
+                      "\"scheduler\" and set train.lr in the script", c->file, t);
+  if (ty < 0)
+    return bad(c, "scheduler.type", type ? type : json_null(),
+               "one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\"");
+  if (p && (rc = get_object(c, "scheduler.params", p))) return rc;
+  /* the keys each class takes: WarmupLR the first four, WarmupDecayLR
+   * total_num_steps too, WarmupCosineLR ratios instead of LRs */
+  static const unsigned takes[3] = {0x8f, 0x9f, 0xf3};
+  const char *key;
+  if (p) json_object_foreach((json_t *)p, key, v) {
+    int i = 0;
+    while (i < 8 && strcmp(key, ds_params[i])) i++;
+    if (i == 8 || !(takes[ty] >> i & 1))
+      return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: scheduler.params.%s is not a parameter of "
+                        "DeepSpeed's %s (it would refuse it too)", c->file, key, t);
+  }
+  if (ty && (!p || !json_object_get(p, "total_num_steps")))
+    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: scheduler.params.total_num_steps is missing: "
+                      "DeepSpeed's %s requires it; give a number, or \"auto\" for train.steps", c->file, t);
+  sbuf b = {0};
+  sb_printf(&b, "train.lr = zt.lr.deepspeed{type = \"%s\"", t);
+  if (ty == 2) sb_printf(&b, ", lr = zt.lr._auto(train.lr)"); /* its ratios scale the optimizer's lr */
+  for (int i = 0; i < 8 && p && !rc; i++) {
+    char path[96];
+    snprintf(path, sizeof path, "scheduler.params.%s", ds_params[i]);
+    if (!(v = json_object_get(p, ds_params[i]))) continue;
+    int64_t n = 0;
+    double d = 0;
+    if (is_auto(v) && (i == 2 || i == 3 || i == 4)) {
+      if (i == 2) sb_printf(&b, ", warmup_min_lr = 0");
+      if (i == 3) sb_printf(&b, ", warmup_max_lr = zt.lr._auto(train.lr)");
+      sb_printf(&c->report, "  %s: \"auto\" -> %s\n", path,
+                i == 2 ? "0" : i == 3 ? "the optimizer's lr (train.lr)" : "train.steps");
+    } else if (i == 0 || i == 4) {
+      if (!(rc = get_int(c, path, v, i ? 1 : 0, 2147483647, &n))) sb_printf(&b, ", %s = %lld", ds_params[i], (long long)n);
+    } else if (i == 1) {
+      const char *w = json_is_string(v) ? json_string_value(v) : "";
+      if (strcmp(w, "log") && strcmp(w, "linear")) rc = bad(c, path, v, "\"log\" or \"linear\"");
+      else sb_printf(&b, ", warmup_type = \"%s\"", w);
+    } else if (i == 7) {
+      if ((rc = get_int(c, path, v, -1, -1, &n)))
+        zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: %s must be -1 (a fresh schedule): a resumed run "
+                   "continues its schedule from the checkpoint's step", c->file, path);
+    } else if (!(rc = get_num(c, path, v, 0, 0, &d))) {
+      sb_printf(&b, ", %s = %s", ds_params[i], num(d));
+    }
+  }
+  if (!rc) {
+    sb_printf(&b, "}");
+    map(c, "scheduler", "%s", b.s);
+    sb_printf(&c->report, "  scheduler.params: the keys not given are DeepSpeed's defaults\n");
+  }
+  free(b.s);
+  return rc;
 }
 
 static const known ac_keys[] = {

@@ -3,8 +3,42 @@
 
 #include <math.h>
 
+/* DeepSpeed 0.16's WarmupLR / WarmupDecayLR / WarmupCosineLR. Their
+ * constructors set the optimizer's LR to get_lr() at last_batch_iteration
+ * -1, and the engine calls step() (last_batch_iteration += 1) after each
+ * applied update (not after an fp16 overflow's skipped one), so update
+ * `step` (0-based, applied ones counted, as zt_lr_at's `step`) runs at
+ * get_lr() with last_batch_iteration i = step - 1. The expressions are
+ * DeepSpeed's, in its order of operations. */
+static double deepspeed_lr(const zt_lr *s, int64_t step) {
+  int64_t i = step - 1;
+  int64_t w = s->ds.warmup_num_steps > 2 ? s->ds.warmup_num_steps : 2; /* max(2, warmup_num_steps) */
+  int64_t total = s->ds.total_num_steps;
+  double gamma = 1.0; /* of the warmup: 0 to 1 */
+  if (i >= 0 && i < w)
+    gamma = s->ds.log ? 1.0 / log((double)w) * log((double)(i + 1)) : (double)i / (double)w;
+  if (s->ds.type == ZT_DS_WARMUP_COSINE) {
+    if (i < 0) return 0.0; /* get_lr()'s [0.0] before the first step() */
+    double ratio;
+    if (i < w) {
+      ratio = s->ds.warmup_min_ratio + gamma * (1. - s->ds.warmup_min_ratio);
+    } else {
+      int64_t last = i - w + 1, span = total - w;
+      ratio = (1 + cos(M_PI * (double)last / (double)span)) / 2;
+      ratio = fmax(0.0, s->ds.cos_min_ratio + (1. - s->ds.cos_min_ratio) * ratio);
+    }
+    return s->ds.lr * ratio;
+  }
+  if (i < 0) return s->ds.warmup_min_lr; /* get_lr()'s min_lrs before the first step() */
+  if (i >= w)
+    gamma = s->ds.type == ZT_DS_WARMUP ? 1.0
+            : fmax(0.0, (double)(total - i) / fmax(1.0, (double)(total - w)));
+  return s->ds.warmup_min_lr + (s->ds.warmup_max_lr - s->ds.warmup_min_lr) * gamma;
+}
+
 double zt_lr_at(const zt_lr *s, int64_t step) {
   if (s->kind == ZT_LR_CONSTANT) return s->value;
+  if (s->kind == ZT_LR_DEEPSPEED) return deepspeed_lr(s, step);
   if (step < s->warmup) return s->peak * (double)(step + 1) / (double)s->warmup;
   int64_t span = s->decay_steps - s->warmup;
   double progress = (double)(step - s->warmup) / (double)(span > 1 ? span : 1);

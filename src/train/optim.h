@@ -12,18 +12,28 @@
 #include "parallel/zero.h"
 #include "src/model/model.h"
 
-typedef enum { ZT_LR_CONSTANT = 0, ZT_LR_COSINE = 1 } zt_lr_kind;
+typedef enum { ZT_LR_CONSTANT = 0, ZT_LR_COSINE = 1, ZT_LR_DEEPSPEED = 2 } zt_lr_kind;
+/* DeepSpeed's schedule classes (deepspeed/runtime/lr_schedules.py) */
+typedef enum { ZT_DS_WARMUP = 0, ZT_DS_WARMUP_DECAY = 1, ZT_DS_WARMUP_COSINE = 2 } zt_ds_lr_type;
 
 typedef struct zt_lr {
   zt_lr_kind kind;
   double value;              /* constant */
   double peak, final;        /* cosine */
   int64_t warmup, decay_steps;
+  struct {                   /* deepspeed: its parameters, as named there */
+    zt_ds_lr_type type;
+    int log;                 /* warmup_type "log" (else "linear") */
+    int64_t warmup_num_steps, total_num_steps;
+    double warmup_min_lr, warmup_max_lr;        /* WarmupLR, WarmupDecayLR */
+    double lr, warmup_min_ratio, cos_min_ratio; /* WarmupCosineLR */
+  } ds;
 } zt_lr;
 
 /* LR for optimizer step `step` (0-based): linear warmup to peak over
  * `warmup` steps ((step+1)/warmup), then cosine to `final` at decay_steps,
- * then flat. */
+ * then flat. deepspeed: the LR DeepSpeed 0.16 gives its update `step`
+ * (see optim.c). */
 double zt_lr_at(const zt_lr *s, int64_t step);
 
 typedef struct zt_optim_cfg {

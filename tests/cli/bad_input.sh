@@ -219,7 +219,7 @@ expect 2 "(-e):1: zt.gpt.heads must be an integer from 1 to 2147483647, got 0" 1
 expect 2 "train.clip must be a finite number >= 0, got nan" 1 "$(base "train.clip = 0/0")"
 quick 2 "zt.gpt.dim must be an integer from 1 to 2147483647, got 1.1805916207174113e+21" "$(base "model.dim = 2^70")"
 quick 2 "train.weight_decay must be a finite number >= 0, got nan" "$(base "train.weight_decay = 0/0")"
-quick 2 "train.lr must be a finite number > 0 or zt.lr.cosine{...}, got inf" "$(base "train.lr = math.huge")"
+quick 2 "train.lr must be a finite number > 0 or zt.lr.cosine{...} / zt.lr.deepspeed{...}, got inf" "$(base "train.lr = math.huge")"
 quick 2 "train.eps must be a finite number > 0, got inf" "$(base "train.eps = 1/0")"
 quick 2 'train.betas must be a pair {beta1, beta2} with both in [0, 1), got {0.9, "x"}' \
   "$(base "train.betas = {0.9, 'x'}")"
@@ -302,6 +302,10 @@ local builders = {
   { "zt.lr.cosine", zt.lr.cosine, { peak = 1e-3 }, { peak = { "real", 0 }, warmup = { "int64", 0 },
     final = { "real", 0 }, decay_steps = { "int64", 1 } } },
   { "zt.lr.constant", zt.lr.constant, { value = 1e-3 }, { value = { "real", 0 } } },
+  { "zt.lr.deepspeed", zt.lr.deepspeed, { type = "WarmupDecayLR" }, { warmup_num_steps = { "int", 0 },
+    total_num_steps = n32, warmup_min_lr = { "real", 0 }, warmup_max_lr = { "real", 0 } } },
+  { "zt.lr.deepspeed", zt.lr.deepspeed, { type = "WarmupCosineLR", lr = 1e-3 }, { lr = { "real", 0 },
+    warmup_min_ratio = { "real", 0 }, cos_min_ratio = { "real", 0 } } },
   { "zt.schedule.gpipe", zt.schedule.gpipe, {}, { chunks = n32, costs = costs } },
   { "zt.schedule.interleaved", zt.schedule.interleaved, {}, { chunks = n32, costs = costs } },
   { "zt.schedule.zero_bubble", zt.schedule.zero_bubble, {}, { chunks = n32, costs = costs,

@@ -7,7 +7,9 @@
 # resolves against dp 2, again equal to the hand-written run; -e still wins
 # over the config; the plan records the config; (3) bad configs: exit 2, one
 # message naming the key, nothing written; (4) ignored keys are listed with
-# their reason.
+# their reason; (5) DeepSpeed's LR schedulers: every step's lr equals
+# tests/ref/ds_lr.py (DeepSpeed's formulas) for WarmupLR, WarmupDecayLR and
+# WarmupCosineLR, log and linear warmup, over a run longer than the warmup.
 # Usage: ds_config.sh ZTRAIN MPIRUN...
 set -u
 Z=$(realpath "$1"); shift
@@ -38,7 +40,9 @@ cat > ds.json <<'JSON'
                         "allgather_bucket_size": 5e8, "contiguous_gradients": true,
                         "offload_optimizer": {"device": "none"}},
   "optimizer": {"type": "AdamW",
-                "params": {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}
+                "params": {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupCosineLR",
+                "params": {"warmup_num_steps": 3, "total_num_steps": "auto", "warmup_type": "linear"}}
 }
 JSON
 
@@ -50,7 +54,8 @@ train.micro_batch = $((8 / (2 * $1))); train.global_batch = 8; train.clip = 0.5
 train.precision = "fp16"
 train.loss_scale = {initial_scale_power = 12, loss_scale_window = 100, hysteresis = 2, min_loss_scale = 1}
 parallel.zero = {stage = 2, bucket_bytes = 20000, overlap = true}
-train.lr = 2e-3; train.betas = {0.9, 0.95}; train.eps = 1e-8; train.weight_decay = 0.1
+train.betas = {0.9, 0.95}; train.eps = 1e-8; train.weight_decay = 0.1
+train.lr = zt.lr.deepspeed{type = "WarmupCosineLR", lr = 2e-3, warmup_num_steps = 3, warmup_type = "linear"}
 LUA
 }
 
@@ -59,7 +64,7 @@ same() {
   /usr/bin/python3 - "$1" "$2" <<'PY'
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-keys = ("step", "loss", "grad_norm", "loss_scale", "skipped")
+keys = ("step", "loss", "grad_norm", "loss_scale", "skipped", "lr")
 ra, rb = ([[r.get(k) for k in keys] for r in x] for x in (a, b))
 if len(ra) != 6 or ra != rb:
     print("differ:\n %s\n %s" % (ra, rb)); sys.exit(1)
@@ -138,7 +143,57 @@ refused '{"gradient_clipping": 1.0,
 refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' \
   'zero_optimization.offload_optimizer.device "cpu" is refused: ztrain has no offload yet'
 refused '{"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}}' 'optimizer.type must be "AdamW" or "Adam"'
-refused '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}' 'scheduler.type "WarmupLR" is refused'
+refused '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4}}}' 'scheduler.type "OneCycle" is refused'
+refused '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -5}}}' \
+  'scheduler.params.warmup_num_steps must be an integer from 0 to 2147483647, got -5'
+refused '{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}}' \
+  'scheduler.params.total_num_steps is missing'
+refused '{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 8}}}' \
+  'total_num_steps = 8 must be >= warmup_num_steps (10'
+refused '{"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 6, "total_num_steps": 6}}}' \
+  'total_num_steps = 6 must be > warmup_num_steps (6'
+refused '{"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 1}}}' \
+  'scheduler.params.warmup_max_lr is not a parameter of DeepSpeed'"'"'s WarmupCosineLR'
+refused '{"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}}' \
+  'scheduler.params.warmup_type must be "log" or "linear", got "exp"'
 refused '{"zero_optimization": {"stagee": 2}}' "unknown key zero_optimization.stagee (did you mean 'zero_optimization.stage'?)"
+"$Z" schedule run.lua -e 'train.lr = zt.lr.deepspeed{type = "WarmupLR", warmup_num_steps = -1}' > lua.txt 2>&1
+[ $? = 2 ] && grep -q 'warmup_num_steps' lua.txt && ok || bad "zt.lr.deepspeed: a negative warmup is not refused"
+"$Z" schedule run.lua -e 'train.lr = zt.lr.deepspeed{type = "WarmupLR", cos_min_ratio = 0.1}' > lua.txt 2>&1
+[ $? = 2 ] && grep -q 'cos_min_ratio is not a key of type "WarmupLR"' lua.txt && ok ||
+  bad "zt.lr.deepspeed: a key of another type is not refused"
+
+# (5) lrcheck NAME SCHEDULER REFERENCE: 12 steps (warmup 5) under the
+# scheduler's JSON; each step's lr (update step-1's) against ds_lr.py's
+REF=$(realpath "$(dirname "$0")/../ref")
+lrcheck() {
+  echo "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3}}, \"scheduler\": $2}" > "$1.json"
+  run "$1" 1 --ds-config "$1.json" run.lua -e 'train.steps = 12'
+  /usr/bin/python3 - "$REF" "$1.jsonl" "$3" <<'PY' && ok || bad "$1: lr differs from DeepSpeed's"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from ds_lr import lr_at
+rows = [json.loads(l) for l in open(sys.argv[2])]
+p = json.loads(sys.argv[3])
+bad = [(r["step"], r["lr"], lr_at(p, r["step"] - 1)) for r in rows
+       if abs(r["lr"] - lr_at(p, r["step"] - 1)) > 1e-12 * abs(lr_at(p, r["step"] - 1))]
+if len(rows) != 12 or bad:
+    print("steps %d; (step, lr, DeepSpeed's): %s" % (len(rows), bad)); sys.exit(1)
+PY
+}
+W='"warmup_num_steps": 5'
+lrcheck wlog "{\"type\": \"WarmupLR\", \"params\": {$W, \"warmup_min_lr\": 1e-4, \"warmup_max_lr\": \"auto\"}}" \
+  "{\"type\": \"WarmupLR\", $W, \"warmup_min_lr\": 1e-4, \"warmup_max_lr\": 2e-3}"
+lrcheck wlin "{\"type\": \"WarmupLR\", \"params\": {$W, \"warmup_type\": \"linear\", \"warmup_max_lr\": 3e-3}}" \
+  "{\"type\": \"WarmupLR\", $W, \"warmup_type\": \"linear\", \"warmup_max_lr\": 3e-3}"
+lrcheck dlog "{\"type\": \"WarmupDecayLR\", \"params\": {$W, \"total_num_steps\": 10, \"warmup_max_lr\": \"auto\"}}" \
+  "{\"type\": \"WarmupDecayLR\", $W, \"total_num_steps\": 10, \"warmup_max_lr\": 2e-3}"
+lrcheck dlin "{\"type\": \"WarmupDecayLR\", \"params\": {$W, \"warmup_type\": \"linear\", \"warmup_min_lr\": 2e-4, \"total_num_steps\": \"auto\"}}" \
+  "{\"type\": \"WarmupDecayLR\", $W, \"warmup_type\": \"linear\", \"warmup_min_lr\": 2e-4, \"total_num_steps\": 12}"
+lrcheck clog "{\"type\": \"WarmupCosineLR\", \"params\": {$W, \"total_num_steps\": 11, \"warmup_min_ratio\": 0.1, \"cos_min_ratio\": 0.01}}" \
+  "{\"type\": \"WarmupCosineLR\", $W, \"lr\": 2e-3, \"total_num_steps\": 11, \"warmup_min_ratio\": 0.1, \"cos_min_ratio\": 0.01}"
+lrcheck clin "{\"type\": \"WarmupCosineLR\", \"params\": {$W, \"warmup_type\": \"linear\", \"total_num_steps\": \"auto\"}}" \
+  "{\"type\": \"WarmupCosineLR\", $W, \"warmup_type\": \"linear\", \"lr\": 2e-3, \"total_num_steps\": 12}"
+
 echo "ds_config: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -608,6 +608,11 @@ def lr_at(lr_plan: dict, step: int) -> float:
     """Learning rate of optimizer step `step` (0-based)."""
     if lr_plan["kind"] == "constant":
         return float(lr_plan["value"])
+    if lr_plan["kind"] == "deepspeed":  # DeepSpeed's schedules: ds_lr.py, beside this file
+        import os, sys
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from ds_lr import lr_at as ds_lr_at
+        return ds_lr_at(lr_plan, step)
     if lr_plan["kind"] != "cosine":
         raise ValueError(f"unknown lr schedule {lr_plan['kind']!r}")
     peak, final = float(lr_plan["peak"]), float(lr_plan["final"])
