@@ -324,7 +324,7 @@ static int schedule_main(int argc, char **argv) {
  * affinity shared evenly among the node's ranks that run on them (all of
  * the node's under mpirun --bind-to none; none under --bind-to core).
  * *why says which, for the banner. */
-static void set_threads(char *why, size_t n) {
+void zt_cli_set_threads(char *why, size_t n) {
   const char *env = getenv("OMP_NUM_THREADS");
   if (env && *env) {
     snprintf(why, n, "OMP_NUM_THREADS=%.32s", env);
@@ -697,7 +697,7 @@ int main(int argc, char **argv) {
   if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0; /* every rank saw it; nothing more to say */
   if (!rc) {
     char threads_why[160];
-    set_threads(threads_why, sizeof threads_why);
+    zt_cli_set_threads(threads_why, sizeof threads_why);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);

@@ -457,16 +457,6 @@ static int sample_run(const infer_args *a, zt_comm *world, zt_err *e) {
 
 /* ---- the program ---------------------------------------------------------- */
 
-/* OpenMP threads: OMP_NUM_THREADS when set, else the node's cores shared
- * among its ranks, as for training (ztrain.c's set_threads, which is
- * being reworked elsewhere: this copy is the simple rule until the two
- * can share one). */
-static void share_cores(void) {
-  if (getenv("OMP_NUM_THREADS")) return;
-  int n = (int)(sysconf(_SC_NPROCESSORS_ONLN) / zt_comm_node_size());
-  omp_set_num_threads(n > 0 ? n : 1);
-}
-
 int zt_infer_main(int argc, char **argv) {
   infer_args a = {.eval = !strcmp(argv[1], "eval")};
   const char *cmd = argv[1];
@@ -494,7 +484,8 @@ int zt_infer_main(int argc, char **argv) {
             why);
   if (wrc == -2) rc = ZT_ERUNTIME, e.msg[0] = 0;
   if (!rc) {
-    share_cores();
+    char threads_why[256];
+    zt_cli_set_threads(threads_why, sizeof threads_why);
     rc = a.eval ? eval_run(&a, &world, &e) : sample_run(&a, &world, &e);
   }
   if (rc && world.rank == 0 && e.msg[0]) fprintf(stderr, "ztrain %s: error: %s\n", cmd, e.msg);

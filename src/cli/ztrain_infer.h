@@ -14,5 +14,8 @@ int zt_infer_main(int argc, char **argv);
 
 /* ztrain.c: the backend a rank computes on (parallel.device). */
 int zt_cli_pick_backend(zt_device_kind want, const zt_backend **be, zt_err *e);
+/* OpenMP threads as training chooses them (OMP_NUM_THREADS, else this
+ * rank's share of its affinity's cores); *why says which (ztrain.c). */
+void zt_cli_set_threads(char *why, size_t n);
 
 #endif
