@@ -1,0 +1,348 @@
+/* offload: see offload.h. */
+#include "parallel/offload.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/timer.h"
+#include "src/core/trace.h"
+
+/* Host staging: chunks of CHUNK elements, NSLOT of them in turn, so that
+ * two chunks are on their way down while one updates. */
+#define CHUNK ((int64_t)1 << 18)
+#define NSLOT 3
+enum { SL_G = 0, SL_W, SL_M, SL_V, SL_W16, SL_BUFS };
+
+/* One unit's part of the range, each state where the policy put it (ptr:
+ * its element a; off: its byte offset in the nvme file). */
+typedef struct seg {
+  int64_t a, b;
+  unsigned char place[ZT_OFF_STATES];
+  char *ptr[ZT_OFF_STATES];
+} seg;
+
+/* A piece of the host-updated part: [a, a + n) of segment s. */
+typedef struct chunk {
+  int64_t a, n;
+  int s;
+} chunk;
+
+struct zt_offload {
+  const zt_backend *be, *cpu;
+  zt_stream *stream; /* the model's */
+  zt_stream *cs;     /* the copies of host-updated chunks */
+  zt_stream *hs;     /* the CPU backend's, for the host's AdamW */
+  zt_offload_layout lay;
+  int nseg, nchunk;
+  seg *segs;
+  chunk *chunks;
+  void *buf[ZT_OFF_STATES][ZT_PLACES]; /* each state's memory per placement */
+  int64_t bytes[ZT_PLACES];
+  float *slot[NSLOT][SL_BUFS]; /* pinned */
+  zt_event *ev_in[NSLOT], *ev_ready, *ev_done;
+  zt_step_sums *hsums; /* host */
+};
+
+static const char *const place_names[ZT_PLACES] = {"device", "cpu", "nvme"};
+static const char *const kind_names[ZT_OFF_KINDS] = {"params", "grads", "master", "moments"};
+
+const char *zt_place_name(zt_place p) { return place_names[p]; }
+const char *zt_offload_kind_name(zt_offload_kind k) { return kind_names[k]; }
+
+int zt_offload_any(const zt_offload_cfg *cfg, zt_offload_kind k) {
+  for (int u = 0; cfg->place[k] && u < cfg->n_units; u++)
+    if (cfg->place[k][u] != ZT_PLACE_DEVICE) return 1;
+  return 0;
+}
+
+static size_t xsize(const zt_offload *o) { return zt_dtype_size(o->lay.param_dt); }
+static int half(const zt_offload *o) { return o->lay.param_dt != ZT_F32; }
+
+static void *param_at(const zt_offload *o, int64_t i) {
+  return (char *)o->lay.param + (size_t)(i - o->lay.lo) * xsize(o);
+}
+
+/* State s of segment k at flat element i. */
+static float *at(const zt_offload *o, int k, int s, int64_t i) {
+  return (float *)o->segs[k].ptr[s] + (i - o->segs[k].a);
+}
+
+static int host_updated(const seg *g) {
+  return g->place[ZT_OFF_W] || g->place[ZT_OFF_M] || g->place[ZT_OFF_V];
+}
+
+/* Units cut by [lo, hi): the segments, and the host-updated ones in chunks. */
+static int plan_segments(zt_offload *o, const zt_offload_cfg *cfg) {
+  const zt_offload_layout *l = &o->lay;
+  o->segs = calloc((size_t)(l->n_units > 0 ? l->n_units : 1), sizeof *o->segs);
+  if (!o->segs) return -1;
+  int64_t nch = 0;
+  for (int u = 0; u < l->n_units; u++) {
+    int64_t a = l->start[u] > l->lo ? l->start[u] : l->lo;
+    int64_t b = l->start[u] + l->numel[u] < l->hi ? l->start[u] + l->numel[u] : l->hi;
+    if (b <= a) continue;
+    seg *g = &o->segs[o->nseg++];
+    g->a = a;
+    g->b = b;
+    g->place[ZT_OFF_W] = cfg->place[ZT_OFF_MASTER] ? cfg->place[ZT_OFF_MASTER][u] : 0;
+    g->place[ZT_OFF_M] = g->place[ZT_OFF_V] =
+        cfg->place[ZT_OFF_MOMENTS] ? cfg->place[ZT_OFF_MOMENTS][u] : 0;
+    if (host_updated(g)) nch += (b - a + CHUNK - 1) / CHUNK;
+  }
+  o->chunks = malloc((size_t)(nch ? nch : 1) * sizeof *o->chunks);
+  if (!o->chunks) return -1;
+  for (int k = 0; k < o->nseg; k++)
+    for (int64_t a = o->segs[k].a; host_updated(&o->segs[k]) && a < o->segs[k].b; a += CHUNK) {
+      int64_t n = o->segs[k].b - a < CHUNK ? o->segs[k].b - a : CHUNK;
+      o->chunks[o->nchunk++] = (chunk){.a = a, .n = n, .s = k};
+    }
+  return 0;
+}
+
+/* Each state's memory, packed per placement in flat order (a state wholly
+ * in one memory is one buffer over the range, as without offload). */
+static int alloc_states(zt_offload *o) {
+  static const zt_mem_kind kinds[ZT_PLACES] = {ZT_MEM_DEVICE, ZT_MEM_PINNED, ZT_MEM_HOST};
+  for (int s = 0; s < ZT_OFF_STATES; s++) {
+    int64_t n[ZT_PLACES] = {0};
+    for (int k = 0; k < o->nseg; k++) n[o->segs[k].place[s]] += o->segs[k].b - o->segs[k].a;
+    int alias = s == ZT_OFF_W && o->lay.master_is_param;
+    for (int p = ZT_PLACE_DEVICE; p <= ZT_PLACE_CPU; p++) {
+      if (p == ZT_PLACE_DEVICE && alias) continue;
+      if (!n[p] && p != ZT_PLACE_DEVICE) continue;
+      /* the device buffer always exists: an empty range's view points there */
+      if (!(o->buf[s][p] = o->be->alloc(kinds[p], (size_t)(n[p] > 0 ? n[p] : 1) * sizeof(float))))
+        return -1;
+      o->bytes[p] += n[p] * (int64_t)sizeof(float);
+    }
+    int64_t used[ZT_PLACES] = {0};
+    for (int k = 0; k < o->nseg; k++) {
+      seg *g = &o->segs[k];
+      int p = g->place[s];
+      if (p == ZT_PLACE_DEVICE && alias) g->ptr[s] = param_at(o, g->a);
+      else g->ptr[s] = (char *)o->buf[s][p] + (size_t)used[p] * sizeof(float);
+      used[p] += g->b - g->a;
+    }
+  }
+  return 0;
+}
+
+zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
+                           const zt_backend *be, zt_stream *stream, zt_err *e) {
+  zt_offload *o = calloc(1, sizeof *o);
+  if (!o) {
+    zt_err_set(e, ZT_ERUNTIME, "out of memory (offload tables)");
+    return NULL;
+  }
+  o->be = be;
+  o->cpu = zt_backend_cpu();
+  o->stream = stream;
+  o->lay = *lay;
+  for (int k = 0; k < ZT_OFF_KINDS; k++)
+    if (k != ZT_OFF_MASTER && k != ZT_OFF_MOMENTS && zt_offload_any(cfg, k)) {
+      zt_offload_free(o);
+      zt_err_set(e, ZT_EINPUT, "offload: %s cannot be offloaded; only master and moments can",
+                 kind_names[k]);
+      return NULL;
+    }
+  for (int k = ZT_OFF_MASTER; k <= ZT_OFF_MOMENTS; k++)
+    for (int u = 0; cfg->place[k] && u < cfg->n_units; u++)
+      if (cfg->place[k][u] == ZT_PLACE_NVME) {
+        zt_offload_free(o);
+        zt_err_set(e, ZT_EINPUT, "offload: %s placed on nvme, which this build cannot do yet",
+                   kind_names[k]);
+        return NULL;
+      }
+  int ok = plan_segments(o, cfg) == 0 && alloc_states(o) == 0;
+  ok = ok && (o->cs = be->stream_new()) && (o->hs = o->cpu->stream_new()) &&
+       (o->ev_ready = be->event_new()) && (o->ev_done = be->event_new()) &&
+       (o->hsums = calloc(1, sizeof *o->hsums));
+  int64_t ch = 0; /* staging only as large as the largest chunk */
+  for (int i = 0; i < o->nchunk; i++)
+    if (o->chunks[i].n > ch) ch = o->chunks[i].n;
+  for (int i = 0; ok && ch && i < NSLOT; i++) {
+    ok = (o->ev_in[i] = be->event_new()) != NULL;
+    for (int b = 0; ok && b < SL_BUFS; b++)
+      ok = (o->slot[i][b] = be->alloc(ZT_MEM_PINNED, (size_t)ch * sizeof(float))) != NULL;
+  }
+  if (!ok) {
+    zt_offload_free(o);
+    zt_err_set(e, ZT_ERUNTIME, "out of memory for the offloaded optimizer states");
+    return NULL;
+  }
+  return o;
+}
+
+void zt_offload_free(zt_offload *o) {
+  if (!o) return;
+  static const zt_mem_kind kinds[ZT_PLACES] = {ZT_MEM_DEVICE, ZT_MEM_PINNED, ZT_MEM_HOST};
+  if (o->cs) o->be->stream_sync(o->cs);
+  for (int s = 0; s < ZT_OFF_STATES; s++)
+    for (int p = 0; p < ZT_PLACES; p++)
+      if (o->buf[s][p]) o->be->free(kinds[p], o->buf[s][p]);
+  for (int i = 0; i < NSLOT; i++) {
+    for (int b = 0; b < SL_BUFS; b++)
+      if (o->slot[i][b]) o->be->free(ZT_MEM_PINNED, o->slot[i][b]);
+    if (o->ev_in[i]) o->be->event_free(o->ev_in[i]);
+  }
+  if (o->ev_ready) o->be->event_free(o->ev_ready);
+  if (o->ev_done) o->be->event_free(o->ev_done);
+  if (o->cs) o->be->stream_free(o->cs);
+  if (o->hs) o->cpu->stream_free(o->hs);
+  free(o->hsums);
+  free(o->segs);
+  free(o->chunks);
+  free(o);
+}
+
+void zt_offload_bytes(const zt_offload *o, int64_t bytes[ZT_PLACES]) {
+  for (int p = 0; p < ZT_PLACES; p++) bytes[p] = o->bytes[p];
+}
+
+void *zt_offload_state(const zt_offload *o, int s, zt_mem_kind *mem) {
+  int p = o->nseg ? o->segs[0].place[s] : ZT_PLACE_DEVICE;
+  for (int k = 1; k < o->nseg; k++)
+    if (o->segs[k].place[s] != p) return NULL;
+  if (p == ZT_PLACE_NVME) return NULL;
+  *mem = p == ZT_PLACE_CPU ? ZT_MEM_PINNED : ZT_MEM_DEVICE;
+  if (p == ZT_PLACE_DEVICE && s == ZT_OFF_W && o->lay.master_is_param) return o->lay.param;
+  return o->buf[s][p];
+}
+
+/* Copies [a, a + n) of state s between host memory h and where it lives. */
+static int transfer(zt_offload *o, int s, int64_t a, int64_t n, float *h, int to_host, zt_err *e) {
+  (void)e;
+  o->be->stream_sync(o->cs); /* the write-backs of the last step have read the states */
+  for (int k = 0; k < o->nseg; k++) {
+    const seg *g = &o->segs[k];
+    int64_t x = g->a > a ? g->a : a, y = g->b < a + n ? g->b : a + n;
+    if (y <= x) continue;
+    float *p = at(o, k, s, x), *q = h + (x - a);
+    size_t bytes = (size_t)(y - x) * sizeof(float);
+    if (g->place[s] == ZT_PLACE_DEVICE) o->be->copy(o->stream, to_host ? q : p, to_host ? p : q, bytes);
+    else memcpy(to_host ? q : p, to_host ? p : q, bytes);
+  }
+  o->be->stream_sync(o->stream); /* h is the caller's once this returns */
+  return ZT_OK;
+}
+
+int zt_offload_read(zt_offload *o, int s, int64_t a, int64_t n, float *dst, zt_err *e) {
+  return transfer(o, s, a, n, dst, 1, e);
+}
+
+int zt_offload_write(zt_offload *o, int s, int64_t a, int64_t n, const float *src, zt_err *e) {
+  return transfer(o, s, a, n, (float *)src, 0, e);
+}
+
+int zt_offload_sync_params(zt_offload *o, zt_err *e) {
+  size_t x = xsize(o);
+  for (int k = 0; k < o->nseg; k++) {
+    const seg *g = &o->segs[k];
+    if (g->place[ZT_OFF_W] == ZT_PLACE_DEVICE) {
+      if (half(o))
+        o->be->convert(o->stream, o->lay.param_dt, param_at(o, g->a), ZT_F32, g->ptr[ZT_OFF_W],
+                       (size_t)(g->b - g->a));
+      continue; /* fp32: PARAM is the masters */
+    }
+    /* through the staging: rounded on the host as the host update rounds */
+    for (int64_t a = g->a; a < g->b; a += CHUNK) {
+      int64_t n = g->b - a < CHUNK ? g->b - a : CHUNK;
+      float *w = o->slot[0][SL_W];
+      int rc = zt_offload_read(o, ZT_OFF_W, a, n, w, e);
+      if (rc) return rc;
+      void *src = w;
+      if (half(o)) {
+        o->cpu->convert(o->hs, o->lay.param_dt, o->slot[0][SL_W16], ZT_F32, w, (size_t)n);
+        src = o->slot[0][SL_W16];
+      }
+      o->be->copy(o->stream, param_at(o, a), src, (size_t)n * x);
+      o->be->stream_sync(o->stream); /* the staging is reused next */
+    }
+  }
+  return ZT_OK;
+}
+
+/* ---- the step -------------------------------------------------------------- */
+
+/* Chunk i's gradients, and its states held on the device, down into its slot. */
+static void load(zt_offload *o, float *g, int i) {
+  const chunk *c = &o->chunks[i];
+  const seg *sg = &o->segs[c->s];
+  float **sl = o->slot[i % NSLOT];
+  size_t bytes = (size_t)c->n * sizeof(float);
+  o->be->copy(o->cs, sl[SL_G], g + (c->a - o->lay.lo), bytes);
+  for (int s = 0; s < ZT_OFF_STATES; s++)
+    if (sg->place[s] == ZT_PLACE_DEVICE) o->be->copy(o->cs, sl[SL_W + s], at(o, c->s, s, c->a), bytes);
+  o->be->event_record(o->ev_in[i % NSLOT], o->cs);
+}
+
+/* Where chunk i's state s is on the host: in place, or its slot. */
+static float *host_state(zt_offload *o, int i, int s) {
+  const chunk *c = &o->chunks[i];
+  if (o->segs[c->s].place[s] == ZT_PLACE_CPU) return at(o, c->s, s, c->a);
+  return o->slot[i % NSLOT][SL_W + s];
+}
+
+/* Chunk i's updated states back where they live, its weights into PARAM. */
+static void store(zt_offload *o, int i) {
+  const chunk *c = &o->chunks[i];
+  const seg *sg = &o->segs[c->s];
+  float **sl = o->slot[i % NSLOT];
+  size_t bytes = (size_t)c->n * sizeof(float);
+  int w_is_param = !half(o) && o->lay.master_is_param;
+  for (int s = 0; s < ZT_OFF_STATES; s++)
+    if (sg->place[s] == ZT_PLACE_DEVICE && !(s == ZT_OFF_W && w_is_param))
+      o->be->copy(o->cs, at(o, c->s, s, c->a), sl[SL_W + s], bytes);
+  if (half(o)) o->be->copy(o->cs, param_at(o, c->a), sl[SL_W16], (size_t)c->n * xsize(o));
+  else o->be->copy(o->cs, param_at(o, c->a), host_state(o, i, ZT_OFF_W), bytes);
+}
+
+int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *ctx,
+                    const zt_update_exec *dev, uint64_t *host_nonfinite, zt_err *e) {
+  (void)e;
+  size_t x = xsize(o);
+  /* the device's pieces first: on a GPU they run while the host works */
+  for (int k = 0; k < o->nseg; k++) {
+    const seg *sg = &o->segs[k];
+    if (host_updated(sg)) continue;
+    zt_update_range r = {.lo = sg->a, .hi = sg->b, .w = at(o, k, ZT_OFF_W, sg->a),
+                         .g = g + (sg->a - o->lay.lo), .m = at(o, k, ZT_OFF_M, sg->a),
+                         .v = at(o, k, ZT_OFF_V, sg->a),
+                         .w16 = half(o) ? param_at(o, sg->a) : NULL, .dt16 = o->lay.param_dt};
+    fn(ctx, dev, &r);
+  }
+  if (!o->nchunk) return ZT_OK;
+  /* the gradients are final where the model stream is now */
+  o->be->event_record(o->ev_ready, o->stream);
+  o->be->event_wait(o->cs, o->ev_ready);
+  memset(o->hsums, 0, sizeof *o->hsums);
+  zt_update_exec hx = {.be = o->cpu, .stream = o->hs, .sums = o->hsums};
+  for (int i = 0; i < NSLOT - 1 && i < o->nchunk; i++) load(o, g, i);
+  int tracing = zt_trace_on();
+  for (int i = 0; i < o->nchunk; i++) {
+    const chunk *c = &o->chunks[i];
+    double t0 = tracing ? zt_timer_now() : 0;
+    o->be->event_sync(o->ev_in[i % NSLOT]);
+    double t1 = tracing ? zt_timer_now() : 0;
+    float **sl = o->slot[i % NSLOT];
+    zt_update_range r = {.lo = c->a, .hi = c->a + c->n, .w = host_state(o, i, ZT_OFF_W),
+                         .g = sl[SL_G], .m = host_state(o, i, ZT_OFF_M),
+                         .v = host_state(o, i, ZT_OFF_V), .w16 = half(o) ? sl[SL_W16] : NULL,
+                         .dt16 = o->lay.param_dt};
+    fn(ctx, &hx, &r);
+    if (update) store(o, i);
+    /* the slot of chunk i - 1, whose write-back is queued before this */
+    if (i + NSLOT - 1 < o->nchunk) load(o, g, i + NSLOT - 1);
+    if (tracing) {
+      double t2 = zt_timer_now();
+      zt_trace_slice("offload", "wait for copies", NULL, t0, t1, "elements", (long long)c->n,
+                     NULL, 0);
+      zt_trace_slice("offload", "host update", NULL, t1, t2, "elements", (long long)c->n,
+                     "bytes moved", (long long)(c->n * (update ? 8 + (long long)x : 4)));
+    }
+  }
+  o->be->event_record(o->ev_done, o->cs);
+  o->be->event_wait(o->stream, o->ev_done);
+  *host_nonfinite += o->hsums->nonfinite;
+  return ZT_OK;
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Offload by Lua policy is the same training, bit for bit: masters and
+# moments placed on "cpu" (pinned host memory, AdamW on the host with the
+# CPU backend's kernel, chunks copied down and back on a copy stream) give
+# the losses, gradient norms, final weights and moments of the same layout
+# with everything on the device:
+#  - ZeRO 0, 1, 2, 3 over dp 2 (fp32 and bf16; moments only, masters only);
+#  - tp 2, and pp 2 under 1F1B with a per-block policy (a function placing
+#    only some blocks' states, so a state is spread over two memories);
+#  - the remote backend (device memory the host cannot address);
+#  - a checkpoint written under cpu resumes under device and under the
+#    per-block policy as the uninterrupted run goes on;
+# and a bad policy (an unknown placement, an error, a kind that cannot be
+# offloaded, a misspelt key, nvme without a dir) stops with exit 2 and one
+# message before anything is written.
+# Usage: offload.sh ZTRAIN MPIRUN...
+set -eu
+Z=$(realpath "$1"); shift
+MPI=("$@")
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/common.sh"
+zt_scratch
+zt_tokens tok.bin 5 20000
+export OMP_NUM_THREADS=1
+cat > run.lua <<LUA
+local zt = require "ztrain"
+model = zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 4, heads = 2}
+train = {micro_batch = 2, global_batch = 8, steps = 4, log_every = 0, clip = 0.5,
+         lr = zt.lr.cosine{peak = 3e-3, warmup = 2}, weight_decay = 0.1}
+data = {train = "$W/tok.bin"}
+checkpoint = {dir = "ck", every = 2}
+LUA
+CPU='offload = {master = "cpu", moments = "cpu"}'
+# masters of even blocks and the embedding, moments of odd blocks and the head
+BLOCKS='offload = function(g)'\
+' if g.kind == "master" then return (g.block % 2 == 0 or g.name == "embedding") and "cpu" or "device" end'\
+' if g.kind == "moments" then return (g.block % 2 == 1 or g.name == "head") and "cpu" or "device" end'\
+' return "device" end'
+
+# run NAME NP BACKEND LUA...: one run in folder NAME
+run() {
+  local name=$1 np=$2 be=$3; shift 3
+  mkdir -p $name
+  (cd $name && ZT_TEST_BACKEND=$be timeout 300 "${MPI[@]}" -np $np -x ZT_TEST_BACKEND "$Z" \
+     ../run.lua -e "$*" --metrics m.jsonl --save final.h5 > out.txt 2>&1) ||
+    { bad "$name: run failed"; tail -3 $name/out.txt; return 1; }
+}
+# same A B: the two runs bitwise equal
+same() {
+  printf '%-40s ' "$2 = $1:"
+  if /usr/bin/python3 "$HERE/ref/bitwise.py" $1/m.jsonl $1/final.h5 $2/m.jsonl $2/final.h5; then ok
+  else bad "$2 differs from $1"; fi
+}
+layouts=(
+  "z0|2|parallel = {dp = 2, zero = 0}|$CPU"
+  "z1|2|parallel = {dp = 2, zero = 1}; train.precision = 'bf16'|$CPU"
+  "z2|2|parallel = {dp = 2, zero = {stage = 2, bucket_bytes = 4096}}|offload = {moments = 'cpu'}"
+  "z3|2|parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}; train.precision = 'bf16'|$CPU"
+  "z3m|2|parallel = {dp = 2, zero = 3}|offload = {master = 'cpu'}"
+  "tp|2|parallel = {tp = 2}|$CPU"
+  "pp|2|parallel = {pp = 2}; schedule = zt.schedule.one_f_one_b{}; train.precision = 'bf16'|$BLOCKS"
+  "z1blk|2|parallel = {dp = 2, zero = 1}|$BLOCKS")
+for l in "${layouts[@]}"; do
+  IFS='|' read -r name np lay pol <<< "$l"
+  run $name-dev $np cpu "$lay" && run $name-cpu $np cpu "$lay; $pol" && same $name-dev $name-cpu
+done
+grep -q "offload: params device .* | master cpu .* | moments cpu" z0-cpu/out.txt && ok ||
+  bad "the banner does not sum up the placements"
+# the checkpoint's plan records every group: 4 kinds x (embedding, 4 blocks, head)
+/usr/bin/python3 -c "
+import h5py, json, sys
+p = h5py.File('z0-cpu/final.h5', 'r').attrs['plan']
+g = json.loads(p if isinstance(p, str) else p.decode())['parallel']['offload']['groups']
+want = {(k, u): 'cpu' if k in ('master', 'moments') else 'device'
+        for k in ('params', 'grads', 'master', 'moments')
+        for u in ['embedding', 'head'] + ['block %d' % b for b in range(4)]}
+sys.exit(0 if {(x['kind'], x['unit']): x['place'] for x in g} == want else 1)" &&
+  ok || bad "the plan does not record the groups' placements"
+
+# the remote backend: device pointers the host cannot dereference
+run z3r-remote 2 remote "parallel = {dp = 2, zero = 3}; train.precision = 'bf16'; $CPU" &&
+  same z3-dev z3r-remote
+run blk-remote 2 remote "parallel = {dp = 2, zero = 1}; $BLOCKS" && same z1blk-dev blk-remote
+
+# resume across placements: the cpu run's step-2 checkpoint, resumed under
+# the device and the per-block policy, ends as the uninterrupted run
+/usr/bin/python3 -c "
+import json
+rows = [l for l in open('z1blk-dev/m.jsonl') if '\"loss\"' in l and json.loads(l)['step'] > 2]
+open('tail.jsonl', 'w').writelines(rows)"
+mkdir -p tail && cp tail.jsonl tail/m.jsonl && cp z1blk-dev/final.h5 tail/final.h5
+for pol in "device|" "blocks|$BLOCKS"; do
+  IFS='|' read -r name p <<< "$pol"
+  mkdir -p res-$name
+  (cd res-$name && timeout 300 "${MPI[@]}" -np 2 "$Z" ../run.lua -e "parallel = {dp = 2, zero = 1}; $p" \
+     --load ../z1blk-cpu/ck/step_00000002.h5 --metrics m.jsonl --save final.h5 > out.txt 2>&1) ||
+    { bad "resume under $name failed"; tail -3 res-$name/out.txt; continue; }
+  same tail res-$name
+done
+
+# bad policies: exit 2, one message, nothing written
+badrun() {
+  local what=$1 want=$2; shift 2
+  local rc=0
+  rm -rf badck
+  timeout 60 "${MPI[@]}" -np 2 "$Z" run.lua -e "parallel = {dp = 2}; checkpoint.dir = 'badck'; $*" \
+    > bad.txt 2>&1 || rc=$?
+  printf '%-40s ' "$what:"
+  if [ $rc -eq 2 ] && [ "$(grep -c "$want" bad.txt)" -eq 1 ] && [ ! -e badck ]; then
+    grep -o "$want.*" bad.txt | head -1; ok
+  else
+    bad "$what: exit $rc, wanted 2 and one '$want'"; cat bad.txt
+  fi
+}
+badrun "unknown placement" 'the policy returned "gpu" for the params of embedding' \
+  'offload = function(g) return "gpu" end'
+badrun "not a string" 'the policy returned a nil value for the params of embedding' \
+  'offload = function(g) end'
+badrun "policy error" '(-e):1: no idea' 'offload = function(g) error("no idea") end'
+badrun "grads refused" 'only "master" and "moments" can be offloaded' 'offload = {grads = "cpu"}'
+badrun "params refused" 'only "master" and "moments" can be offloaded' \
+  'offload = function(g) return g.kind == "params" and g.block == 1 and "cpu" or "device" end'
+badrun "misspelt key" "unknown key 'mastr' (did you mean 'master'?)" 'offload = {mastr = "cpu"}'
+badrun "misspelt global" "unknown global table 'ofload' (did you mean 'offload'?)" 'ofload = {master = "cpu"}'
+badrun "bad value" 'offload.moments must be one of "device", "cpu", "nvme"' 'offload = {moments = "ssd"}'
+badrun "both forms" 'give either place' 'offload = {master = "cpu", place = function(g) return "cpu" end}'
+badrun "nvme without dir" 'gives no directory' 'offload = {moments = "nvme"}'
+echo "offload: $pass passed, $fail failed"
+[ $fail -eq 0 ]
