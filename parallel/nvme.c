@@ -298,7 +298,9 @@ static int engine_from_env(zt_nvme_engine *want, const char **why, zt_err *e) {
   return ZT_OK;
 }
 
-static void fail_open(zt_nvme *f) {
+/* Closes and removes the file, frees f: the end of close, and of an open
+ * that failed half-way (nothing is left on disk either way). */
+static void file_free(zt_nvme *f) {
   if (f->fd >= 0) {
     close(f->fd);
     unlink(f->path);
@@ -398,17 +400,17 @@ zt_nvme *zt_nvme_open(const char *path, int64_t bytes, zt_nvme_engine want, zt_e
   f->fd = -1;
   const char *buffered = NULL;
   if (open_file(f, &buffered, e)) {
-    fail_open(f);
+    file_free(f);
     return NULL;
   }
   f->size = (bytes + (int64_t)f->align - 1) / (int64_t)f->align * (int64_t)f->align;
   if (allocate(f, e)) {
-    fail_open(f);
+    file_free(f);
     return NULL;
   }
   if (probe_direct(f, &buffered)) {
     zt_err_set(e, ZT_ERUNTIME, "nvme file %s: probing O_DIRECT: %s", path, strerror(errno));
-    fail_open(f);
+    file_free(f);
     return NULL;
   }
   char mode[96];
@@ -436,7 +438,7 @@ zt_nvme *zt_nvme_open(const char *path, int64_t bytes, zt_nvme_engine want, zt_e
                  "nvme file %s: %s (the thread-pool engine works without it: "
                  "ZT_NVME_ENGINE=threads)",
                  path, refused);
-      fail_open(f);
+      file_free(f);
       return NULL;
     }
     why = refused;
@@ -454,7 +456,7 @@ zt_nvme *zt_nvme_open(const char *path, int64_t bytes, zt_nvme_engine want, zt_e
       if (pthread_create(&f->th[f->nth], NULL, worker, f)) break;
     if (!f->nth) {
       zt_err_set(e, ZT_ERUNTIME, "nvme file %s: cannot start I/O threads", path);
-      fail_open(f);
+      file_free(f);
       return NULL;
     }
     snprintf(f->name, sizeof f->name, "threads (pread/pwrite, %s): %s", mode, why);
@@ -477,7 +479,7 @@ void zt_nvme_close(zt_nvme *f) {
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->work);
   pthread_cond_destroy(&f->done);
-  fail_open(f);
+  file_free(f);
 }
 
 size_t zt_nvme_align(const zt_nvme *f) { return f->align; }

@@ -10,9 +10,9 @@ same block and file size, in one run.
 
 Every round runs each tool once (a fresh file written, then read back,
 then removed), the tools in a rotating order; prints a markdown table of
-the medians (MB/s, 10^6 bytes) and the ztrain/reference ratios of the
-medians. With O_DIRECT the page cache is out of the way, so a file of
-1 GiB measures the disk. Each tool times its own transfers (fio and dd
+the medians (MB/s, 10^6 bytes; read+write with its min-max over the
+rounds) and the ztrain/reference ratios of the medians. With O_DIRECT
+the page cache is out of the way, so a file of 1 GiB measures the disk. Each tool times its own transfers (fio and dd
 report theirs; bench_nvme times its passes, not the fallocate at open).
 Without fio the fio rows are left out, and said so. A benchmark, not a
 test: it asserts nothing."""
@@ -91,6 +91,7 @@ def main():
     else:
         print("fio not found (Debian: apt-get install fio): the fio rows are left out",
               file=sys.stderr)
+    load0 = os.getloadavg()[0]
     path = os.path.join(a.dir, f"bench_nvme.{os.getpid()}.bin")
     times = {name: [] for name, _ in tools}
     for r in range(a.rounds):
@@ -105,20 +106,22 @@ def main():
     mb = a.mib * 1048576 / 1e6
     med = {}
     for name, ts in times.items():
+        rw = [2 * mb / (w + r) for w, r in ts]
         med[name] = (mb / statistics.median(w for w, _ in ts),
                      mb / statistics.median(r for _, r in ts),
-                     2 * mb / statistics.median(w + r for w, r in ts))
-    print(f"file {a.mib} MiB on {a.dir}, blocks of {a.kib} KiB, {a.rounds} rounds (medians)")
+                     statistics.median(rw), min(rw), max(rw))
+    print(f"file {a.mib} MiB on {a.dir}, blocks of {a.kib} KiB, {a.rounds} rounds (medians); "
+          f"load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after")
     for name, run in tools[:3]:
         print(f"{name}: {run.name}")
     if not shutil.which("fio"):
         print("fio not found: no fio rows")
     print()
-    print("| tool | write MB/s | read MB/s | read+write MB/s |")
-    print("|---|---:|---:|---:|")
+    print("| tool | write MB/s | read MB/s | read+write MB/s | (min–max) |")
+    print("|---|---:|---:|---:|---:|")
     for name, _ in tools:
-        w, r, rw = med[name]
-        print(f"| {name} | {w:.0f} | {r:.0f} | {rw:.0f} |")
+        w, r, rw, lo, hi = med[name]
+        print(f"| {name} | {w:.0f} | {r:.0f} | {rw:.0f} | {lo:.0f}–{hi:.0f} |")
     refs = [name for name, _ in tools[3:]]
     print()
     print("| ztrain / reference (read+write) | " + " | ".join(refs) + " |")
