@@ -1,9 +1,11 @@
 /* offload: see offload.h. */
 #include "parallel/offload.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/nvme.h"
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 
@@ -12,6 +14,9 @@
 #define CHUNK ((int64_t)1 << 18)
 #define NSLOT 3
 enum { SL_G = 0, SL_W, SL_M, SL_V, SL_W16, SL_BUFS };
+/* nvme: every segment starts at a multiple of this in the file, and
+ * requests are padded to it (the largest alignment O_DIRECT may ask). */
+#define FILE_ALIGN ((int64_t)65536)
 
 /* One unit's part of the range, each state where the policy put it (ptr:
  * its element a; off: its byte offset in the nvme file). */
@@ -19,6 +24,7 @@ typedef struct seg {
   int64_t a, b;
   unsigned char place[ZT_OFF_STATES];
   char *ptr[ZT_OFF_STATES];
+  int64_t off[ZT_OFF_STATES];
 } seg;
 
 /* A piece of the host-updated part: [a, a + n) of segment s. */
@@ -38,9 +44,12 @@ struct zt_offload {
   chunk *chunks;
   void *buf[ZT_OFF_STATES][ZT_PLACES]; /* each state's memory per placement */
   int64_t bytes[ZT_PLACES];
-  float *slot[NSLOT][SL_BUFS]; /* pinned */
-  zt_event *ev_in[NSLOT], *ev_ready, *ev_done;
+  float *slot[NSLOT][SL_BUFS]; /* pinned, aligned for nvme requests */
+  void *slot_raw[NSLOT][SL_BUFS];
+  zt_event *ev_in[NSLOT], *ev_out[NSLOT], *ev_ready, *ev_done;
   zt_step_sums *hsums; /* host */
+  zt_nvme *file;     /* the nvme-placed states, NULL when none */
+  int rd[NSLOT][ZT_OFF_STATES], wr[NSLOT][ZT_OFF_STATES]; /* requests per slot, -1: none */
 };
 
 static const char *const place_names[ZT_PLACES] = {"device", "cpu", "nvme"};
@@ -66,6 +75,8 @@ static void *param_at(const zt_offload *o, int64_t i) {
 static float *at(const zt_offload *o, int k, int s, int64_t i) {
   return (float *)o->segs[k].ptr[s] + (i - o->segs[k].a);
 }
+
+static int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 static int host_updated(const seg *g) {
   return g->place[ZT_OFF_W] || g->place[ZT_OFF_M] || g->place[ZT_OFF_V];
@@ -119,12 +130,31 @@ static int alloc_states(zt_offload *o) {
     for (int k = 0; k < o->nseg; k++) {
       seg *g = &o->segs[k];
       int p = g->place[s];
+      if (p == ZT_PLACE_NVME) { /* the file: its own aligned, padded extent */
+        g->off[s] = o->bytes[ZT_PLACE_NVME];
+        o->bytes[ZT_PLACE_NVME] += round_up((g->b - g->a) * (int64_t)sizeof(float), FILE_ALIGN);
+        continue;
+      }
       if (p == ZT_PLACE_DEVICE && alias) g->ptr[s] = param_at(o, g->a);
       else g->ptr[s] = (char *)o->buf[s][p] + (size_t)used[p] * sizeof(float);
       used[p] += g->b - g->a;
     }
   }
   return 0;
+}
+
+/* This rank's file under cfg->dir, named by job and rank: the same name at
+ * the next start, which replaces a file a killed run left behind. */
+static int open_file(zt_offload *o, const zt_offload_cfg *cfg, zt_err *e) {
+  if (!o->bytes[ZT_PLACE_NVME]) return ZT_OK;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/ztrain-%s-rank%d.offload", cfg->dir ? cfg->dir : ".",
+           cfg->job ? cfg->job : "job", o->lay.rank);
+  if (!(o->file = zt_nvme_open(path, o->bytes[ZT_PLACE_NVME], ZT_NVME_AUTO, e))) return e->code;
+  if (FILE_ALIGN % (int64_t)zt_nvme_align(o->file))
+    return zt_err_set(e, ZT_ERUNTIME, "offload: %s asks for %zu-byte alignment, more than %lld",
+                      path, zt_nvme_align(o->file), (long long)FILE_ALIGN);
+  return ZT_OK;
 }
 
 zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
@@ -145,25 +175,29 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
                  kind_names[k]);
       return NULL;
     }
-  for (int k = ZT_OFF_MASTER; k <= ZT_OFF_MOMENTS; k++)
-    for (int u = 0; cfg->place[k] && u < cfg->n_units; u++)
-      if (cfg->place[k][u] == ZT_PLACE_NVME) {
-        zt_offload_free(o);
-        zt_err_set(e, ZT_EINPUT, "offload: %s placed on nvme, which this build cannot do yet",
-                   kind_names[k]);
-        return NULL;
-      }
+  for (int i = 0; i < NSLOT; i++)
+    for (int s = 0; s < ZT_OFF_STATES; s++) o->rd[i][s] = o->wr[i][s] = -1;
   int ok = plan_segments(o, cfg) == 0 && alloc_states(o) == 0;
+  if (ok && open_file(o, cfg, e)) {
+    zt_offload_free(o);
+    return NULL;
+  }
   ok = ok && (o->cs = be->stream_new()) && (o->hs = o->cpu->stream_new()) &&
        (o->ev_ready = be->event_new()) && (o->ev_done = be->event_new()) &&
        (o->hsums = calloc(1, sizeof *o->hsums));
-  int64_t ch = 0; /* staging only as large as the largest chunk */
+  int64_t ch = 0; /* staging only as large as the largest chunk (padded for nvme) */
   for (int i = 0; i < o->nchunk; i++)
     if (o->chunks[i].n > ch) ch = o->chunks[i].n;
-  for (int i = 0; ok && ch && i < NSLOT; i++) {
-    ok = (o->ev_in[i] = be->event_new()) != NULL;
-    for (int b = 0; ok && b < SL_BUFS; b++)
-      ok = (o->slot[i][b] = be->alloc(ZT_MEM_PINNED, (size_t)ch * sizeof(float))) != NULL;
+  if (!ch && o->nseg) ch = 1; /* sync_params and transfers stage through slot 0 */
+  size_t slot_bytes = (size_t)round_up(ch * (int64_t)sizeof(float), FILE_ALIGN);
+  for (int i = 0; ok && i < NSLOT; i++) {
+    ok = (o->ev_in[i] = be->event_new()) && (o->ev_out[i] = be->event_new());
+    for (int b = 0; ok && b < SL_BUFS; b++) {
+      char *raw = be->alloc(ZT_MEM_PINNED, slot_bytes + FILE_ALIGN);
+      o->slot_raw[i][b] = raw;
+      ok = raw != NULL;
+      if (ok) o->slot[i][b] = (float *)(raw + (FILE_ALIGN - (uintptr_t)raw % FILE_ALIGN) % FILE_ALIGN);
+    }
   }
   if (!ok) {
     zt_offload_free(o);
@@ -177,13 +211,15 @@ void zt_offload_free(zt_offload *o) {
   if (!o) return;
   static const zt_mem_kind kinds[ZT_PLACES] = {ZT_MEM_DEVICE, ZT_MEM_PINNED, ZT_MEM_HOST};
   if (o->cs) o->be->stream_sync(o->cs);
+  if (o->file) zt_nvme_close(o->file); /* waits, and removes the file */
   for (int s = 0; s < ZT_OFF_STATES; s++)
     for (int p = 0; p < ZT_PLACES; p++)
       if (o->buf[s][p]) o->be->free(kinds[p], o->buf[s][p]);
   for (int i = 0; i < NSLOT; i++) {
     for (int b = 0; b < SL_BUFS; b++)
-      if (o->slot[i][b]) o->be->free(ZT_MEM_PINNED, o->slot[i][b]);
+      if (o->slot_raw[i][b]) o->be->free(ZT_MEM_PINNED, o->slot_raw[i][b]);
     if (o->ev_in[i]) o->be->event_free(o->ev_in[i]);
+    if (o->ev_out[i]) o->be->event_free(o->ev_out[i]);
   }
   if (o->ev_ready) o->be->event_free(o->ev_ready);
   if (o->ev_done) o->be->event_free(o->ev_done);
@@ -209,21 +245,59 @@ void *zt_offload_state(const zt_offload *o, int s, zt_mem_kind *mem) {
   return o->buf[s][p];
 }
 
+/* Elements [x, y) of segment k's state s in the file to or from host
+ * memory q: the aligned extent around them through a bounce buffer (read,
+ * and for a write changed and written back). */
+static int file_transfer(zt_offload *o, int k, int s, int64_t x, int64_t y, float *q,
+                         int to_host, zt_err *e) {
+  const seg *g = &o->segs[k];
+  int64_t from = g->off[s] + (x - g->a) * (int64_t)sizeof(float);
+  int64_t lo = from / FILE_ALIGN * FILE_ALIGN;
+  int64_t hi = round_up(from + (y - x) * (int64_t)sizeof(float), FILE_ALIGN);
+  char *b = zt_nvme_buf_alloc((size_t)(hi - lo));
+  if (!b) return zt_err_set(e, ZT_ERUNTIME, "out of memory reading the offload file");
+  int t = zt_nvme_read(o->file, lo, b, (size_t)(hi - lo), e);
+  int rc = t < 0 ? e->code : zt_nvme_wait(o->file, t, e);
+  size_t bytes = (size_t)(y - x) * sizeof(float);
+  if (!rc && to_host) memcpy(q, b + (from - lo), bytes);
+  if (!rc && !to_host) {
+    memcpy(b + (from - lo), q, bytes);
+    t = zt_nvme_write(o->file, lo, b, (size_t)(hi - lo), e);
+    rc = t < 0 ? e->code : zt_nvme_wait(o->file, t, e);
+  }
+  zt_nvme_buf_free(b);
+  return rc;
+}
+
+/* Waits for every copy and file request of the staging (the last step's
+ * write-backs may still be reading the states and the slots). */
+static int drain(zt_offload *o, zt_err *e) {
+  o->be->stream_sync(o->cs);
+  int rc = o->file ? zt_nvme_wait_all(o->file, e) : ZT_OK;
+  for (int k = 0; k < NSLOT; k++)
+    for (int s = 0; s < ZT_OFF_STATES; s++) o->rd[k][s] = o->wr[k][s] = -1;
+  return rc;
+}
+
 /* Copies [a, a + n) of state s between host memory h and where it lives. */
 static int transfer(zt_offload *o, int s, int64_t a, int64_t n, float *h, int to_host, zt_err *e) {
-  (void)e;
-  o->be->stream_sync(o->cs); /* the write-backs of the last step have read the states */
-  for (int k = 0; k < o->nseg; k++) {
+  int rc = drain(o, e);
+  for (int k = 0; !rc && k < o->nseg; k++) {
     const seg *g = &o->segs[k];
     int64_t x = g->a > a ? g->a : a, y = g->b < a + n ? g->b : a + n;
     if (y <= x) continue;
-    float *p = at(o, k, s, x), *q = h + (x - a);
+    float *q = h + (x - a);
+    if (g->place[s] == ZT_PLACE_NVME) {
+      rc = file_transfer(o, k, s, x, y, q, to_host, e);
+      continue;
+    }
+    float *p = at(o, k, s, x);
     size_t bytes = (size_t)(y - x) * sizeof(float);
     if (g->place[s] == ZT_PLACE_DEVICE) o->be->copy(o->stream, to_host ? q : p, to_host ? p : q, bytes);
     else memcpy(to_host ? q : p, to_host ? p : q, bytes);
   }
   o->be->stream_sync(o->stream); /* h is the caller's once this returns */
-  return ZT_OK;
+  return rc;
 }
 
 int zt_offload_read(zt_offload *o, int s, int64_t a, int64_t n, float *dst, zt_err *e) {
@@ -264,16 +338,52 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e) {
 
 /* ---- the step -------------------------------------------------------------- */
 
-/* Chunk i's gradients, and its states held on the device, down into its slot. */
-static void load(zt_offload *o, float *g, int i) {
+/* Bytes of chunk c's state s in the file: from its offset, padded. */
+static int64_t file_off(const zt_offload *o, const chunk *c, int s) {
+  const seg *g = &o->segs[c->s];
+  return g->off[s] + (c->a - g->a) * (int64_t)sizeof(float);
+}
+static size_t file_len(const chunk *c) {
+  return (size_t)round_up(c->n * (int64_t)sizeof(float), FILE_ALIGN);
+}
+
+/* Chunk i's gradients, and its states held on the device, down into its
+ * slot; its states in the file read into it. */
+static int load(zt_offload *o, float *g, int i, zt_err *e) {
   const chunk *c = &o->chunks[i];
   const seg *sg = &o->segs[c->s];
-  float **sl = o->slot[i % NSLOT];
+  int k = i % NSLOT;
+  float **sl = o->slot[k];
   size_t bytes = (size_t)c->n * sizeof(float);
+  if (o->file) {
+    /* the slot's writes to the file (which read it) and its copies up
+     * (before the file's reads overwrite it) must be done */
+    for (int s = 0; s < ZT_OFF_STATES; s++) {
+      if (o->wr[k][s] >= 0 && zt_nvme_wait(o->file, o->wr[k][s], e)) return e->code;
+      o->wr[k][s] = -1;
+    }
+    o->be->event_sync(o->ev_out[k]);
+  }
   o->be->copy(o->cs, sl[SL_G], g + (c->a - o->lay.lo), bytes);
-  for (int s = 0; s < ZT_OFF_STATES; s++)
+  for (int s = 0; s < ZT_OFF_STATES; s++) {
     if (sg->place[s] == ZT_PLACE_DEVICE) o->be->copy(o->cs, sl[SL_W + s], at(o, c->s, s, c->a), bytes);
-  o->be->event_record(o->ev_in[i % NSLOT], o->cs);
+    if (sg->place[s] == ZT_PLACE_NVME &&
+        (o->rd[k][s] = zt_nvme_read(o->file, file_off(o, c, s), sl[SL_W + s], file_len(c), e)) < 0)
+      return e->code;
+  }
+  o->be->event_record(o->ev_in[k], o->cs);
+  return ZT_OK;
+}
+
+/* Waits for chunk i's slot to be filled. */
+static int arrived(zt_offload *o, int i, zt_err *e) {
+  int k = i % NSLOT;
+  o->be->event_sync(o->ev_in[k]);
+  for (int s = 0; s < ZT_OFF_STATES; s++) {
+    if (o->rd[k][s] >= 0 && zt_nvme_wait(o->file, o->rd[k][s], e)) return e->code;
+    o->rd[k][s] = -1;
+  }
+  return ZT_OK;
 }
 
 /* Where chunk i's state s is on the host: in place, or its slot. */
@@ -284,22 +394,28 @@ static float *host_state(zt_offload *o, int i, int s) {
 }
 
 /* Chunk i's updated states back where they live, its weights into PARAM. */
-static void store(zt_offload *o, int i) {
+static int store(zt_offload *o, int i, zt_err *e) {
   const chunk *c = &o->chunks[i];
   const seg *sg = &o->segs[c->s];
-  float **sl = o->slot[i % NSLOT];
+  int k = i % NSLOT;
+  float **sl = o->slot[k];
   size_t bytes = (size_t)c->n * sizeof(float);
   int w_is_param = !half(o) && o->lay.master_is_param;
-  for (int s = 0; s < ZT_OFF_STATES; s++)
+  for (int s = 0; s < ZT_OFF_STATES; s++) {
     if (sg->place[s] == ZT_PLACE_DEVICE && !(s == ZT_OFF_W && w_is_param))
       o->be->copy(o->cs, at(o, c->s, s, c->a), sl[SL_W + s], bytes);
+    if (sg->place[s] == ZT_PLACE_NVME &&
+        (o->wr[k][s] = zt_nvme_write(o->file, file_off(o, c, s), sl[SL_W + s], file_len(c), e)) < 0)
+      return e->code;
+  }
   if (half(o)) o->be->copy(o->cs, param_at(o, c->a), sl[SL_W16], (size_t)c->n * xsize(o));
   else o->be->copy(o->cs, param_at(o, c->a), host_state(o, i, ZT_OFF_W), bytes);
+  o->be->event_record(o->ev_out[k], o->cs);
+  return ZT_OK;
 }
 
 int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *ctx,
                     const zt_update_exec *dev, uint64_t *host_nonfinite, zt_err *e) {
-  (void)e;
   size_t x = xsize(o);
   /* the device's pieces first: on a GPU they run while the host works */
   for (int k = 0; k < o->nseg; k++) {
@@ -317,12 +433,13 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
   o->be->event_wait(o->cs, o->ev_ready);
   memset(o->hsums, 0, sizeof *o->hsums);
   zt_update_exec hx = {.be = o->cpu, .stream = o->hs, .sums = o->hsums};
-  for (int i = 0; i < NSLOT - 1 && i < o->nchunk; i++) load(o, g, i);
+  int rc = ZT_OK;
+  for (int i = 0; !rc && i < NSLOT - 1 && i < o->nchunk; i++) rc = load(o, g, i, e);
   int tracing = zt_trace_on();
-  for (int i = 0; i < o->nchunk; i++) {
+  for (int i = 0; !rc && i < o->nchunk; i++) {
     const chunk *c = &o->chunks[i];
     double t0 = tracing ? zt_timer_now() : 0;
-    o->be->event_sync(o->ev_in[i % NSLOT]);
+    if ((rc = arrived(o, i, e))) break;
     double t1 = tracing ? zt_timer_now() : 0;
     float **sl = o->slot[i % NSLOT];
     zt_update_range r = {.lo = c->a, .hi = c->a + c->n, .w = host_state(o, i, ZT_OFF_W),
@@ -330,9 +447,9 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
                          .v = host_state(o, i, ZT_OFF_V), .w16 = half(o) ? sl[SL_W16] : NULL,
                          .dt16 = o->lay.param_dt};
     fn(ctx, &hx, &r);
-    if (update) store(o, i);
+    if (update && (rc = store(o, i, e))) break;
     /* the slot of chunk i - 1, whose write-back is queued before this */
-    if (i + NSLOT - 1 < o->nchunk) load(o, g, i + NSLOT - 1);
+    if (i + NSLOT - 1 < o->nchunk && (rc = load(o, g, i + NSLOT - 1, e))) break;
     if (tracing) {
       double t2 = zt_timer_now();
       zt_trace_slice("offload", "wait for copies", NULL, t0, t1, "elements", (long long)c->n,
@@ -341,8 +458,17 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
                      "bytes moved", (long long)(c->n * (update ? 8 + (long long)x : 4)));
     }
   }
+  if (rc) { /* nothing may still be reading or writing the slots */
+    zt_err ignored;
+    drain(o, &ignored);
+    return rc;
+  }
   o->be->event_record(o->ev_done, o->cs);
   o->be->event_wait(o->stream, o->ev_done);
   *host_nonfinite += o->hsums->nonfinite;
   return ZT_OK;
+}
+
+const char *zt_offload_nvme_engine(const zt_offload *o) {
+  return o->file ? zt_nvme_engine_name(o->file) : NULL;
 }

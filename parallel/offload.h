@@ -121,4 +121,8 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e);
 int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *ctx,
                     const zt_update_exec *dev, uint64_t *host_nonfinite, zt_err *e);
 
+/* The NVMe engine that reads and writes this rank's file, as
+ * zt_nvme_engine_name says it; NULL when nothing is placed on nvme. */
+const char *zt_offload_nvme_engine(const zt_offload *o);
+
 #endif

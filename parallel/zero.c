@@ -166,7 +166,7 @@ static int offload_states(zt_zero *z, int separate, zt_err *e) {
                            .lo = lo, .hi = hi,
                            .param = (char *)p->p + (size_t)(lo - p->lo) * zt_dtype_size(p->dt),
                            .param_dt = z->cfg.param_dtype, .master_is_param = z->cfg.param_dtype == ZT_F32,
-                           .rank = z->dp->rank};
+                           .rank = z->dp->world_ranks ? z->dp->world_ranks[z->dp->rank] : z->dp->rank};
   z->off = zt_offload_new(&z->cfg.offload, &lay, z->be, z->stream, e);
   if (!z->off) return e->code;
   static const zt_state_kind kinds[ZT_OFF_STATES] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,
@@ -344,6 +344,10 @@ void zt_zero_free(zt_zero *z) {
 }
 
 int zt_zero_stage(const zt_zero *z) { return z->cfg.stage; }
+
+const char *zt_zero_nvme_engine(const zt_zero *z) {
+  return z->off ? zt_offload_nvme_engine(z->off) : NULL;
+}
 
 zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind) {
   const state_buf *b = &z->st[kind];

@@ -102,6 +102,9 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
 void zt_zero_free(zt_zero *z);
 
 int zt_zero_stage(const zt_zero *z);
+/* The NVMe engine of this rank's offload file (zt_nvme_engine_name), or
+ * NULL when the policy placed nothing on nvme. */
+const char *zt_zero_nvme_engine(const zt_zero *z);
 zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind);
 /* This rank's shard [lo, hi) of the flat buffer (its ZeRO partition). */
 void zt_zero_shard(const zt_zero *z, int64_t *lo, int64_t *hi);

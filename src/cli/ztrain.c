@@ -438,6 +438,8 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
         if (p->parallel.offload_bytes[k][q])
           printf(" %s %.2f MiB", zt_place_name((zt_place)q), p->parallel.offload_bytes[k][q] / 1048576.0);
     }
+    const char *engine = zt_zero_nvme_engine(tr->zero);
+    if (engine) printf(" | nvme files in %s: %s", p->parallel.zero.offload.dir, engine);
     printf("\n");
   }
 }

@@ -770,7 +770,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);
   p->model.sequence_parallel = p->parallel.sequence_parallel;
   if (!rc) rc = zt_model_sp_check(&p->model, p->train.micro_batch, p->parallel.tp, e);
-  if (!rc && !(rc = zt_config_pipeline(L, p, e))) rc = zt_config_offload(L, p, e);
+  if (!rc && !(rc = zt_config_pipeline(L, p, e))) rc = zt_config_offload(L, p, world_size > 0, e);
   if (!rc && world_size)
     memory_budget(&p->model.mem, p->parallel.dp, p->parallel.zero.stage);
   lua_close(L); /* runs the script's finalizers: the backstop still watches */

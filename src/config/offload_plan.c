@@ -1,7 +1,9 @@
 /* offload_plan (config): see offload_plan.h. */
 #include "src/config/offload_plan.h"
 
+#include <ctype.h>
 #include <lauxlib.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +46,7 @@ static void unit_stage(const zt_plan *p, int u, int *stage, int *chunk) {
   *chunk = v / pp;
 }
 
-int zt_config_offload(lua_State *L, zt_plan *p, zt_err *e) {
+int zt_config_offload(lua_State *L, zt_plan *p, int check_dir, zt_err *e) {
   if (lua_getfield(L, -1, "offload") == LUA_TNIL) {
     lua_pop(L, 1);
     return ZT_OK;
@@ -131,10 +133,24 @@ int zt_config_offload(lua_State *L, zt_plan *p, zt_err *e) {
     rc = zt_err_set(e, ZT_EINPUT,
                     "offload: the policy placed the %s of %s on nvme but gives no directory; write "
                     "offload = { dir = \"/path/on/nvme\", ... }", nvme_group, nvme_name);
-  if (!rc && nvme_group)
+  struct stat st;
+  if (!rc && nvme_group && check_dir &&
+      (stat(oc->dir, &st) || !S_ISDIR(st.st_mode) || access(oc->dir, W_OK | X_OK)))
     rc = zt_err_set(e, ZT_EINPUT,
-                    "offload: the policy placed the %s of %s on nvme, which this build cannot do "
-                    "yet; \"cpu\" and \"device\" work for master and moments", nvme_group, nvme_name);
+                    "offload.dir %s %s; the policy places the %s of %s on nvme there: give a "
+                    "writable directory on a fast local disk", oc->dir,
+                    stat(oc->dir, &st) ? "does not exist"
+                    : !S_ISDIR(st.st_mode) ? "is not a directory" : "is not writable",
+                    nvme_group, nvme_name);
+  if (!rc && nvme_group) { /* names the files: this script's, rank by rank */
+    const char *base = strrchr(p->script_path, '/');
+    base = base ? base + 1 : p->script_path;
+    oc->job = strdup(base);
+    char *dot = strrchr(oc->job, '.');
+    if (dot && dot != oc->job) *dot = 0;
+    for (char *c = oc->job; *c; c++)
+      if (!isalnum((unsigned char)*c) && *c != '-' && *c != '_') *c = '_';
+  }
   if (!rc) {
     json_t *rec = json_pack("{s:o}", "groups", groups);
     if (oc->dir) json_object_set_new(rec, "dir", json_string(oc->dir));

@@ -13,9 +13,10 @@
 #include "src/config/config.h"
 
 /* With the checked plan table on top of L's stack, after the pipeline's
- * stages are known. ZT_EINPUT for a policy that fails, returns anything
+ * stages are known; check_dir: offload.dir must be a writable directory
+ * here (not when a plan is only inspected). ZT_EINPUT for a policy that fails, returns anything
  * but "device", "cpu" or "nvme", or places a group where it cannot go. */
-int zt_config_offload(lua_State *L, zt_plan *p, zt_err *e);
+int zt_config_offload(lua_State *L, zt_plan *p, int check_dir, zt_err *e);
 
 /* The plan's record of the placements (NULL when no policy ran). */
 json_t *zt_config_offload_json(const zt_plan *p);
