@@ -49,6 +49,9 @@ struct zt_offload {
   zt_event *ev_in[NSLOT], *ev_out[NSLOT], *ev_ready, *ev_done;
   zt_step_sums *hsums; /* host */
   zt_nvme *file;     /* the nvme-placed states, NULL when none */
+  int depth;         /* chunks loaded ahead: NSLOT - 1, or 1 when serial */
+  int serial;        /* test hook ZT_TEST_OFFLOAD_SERIAL: every transfer waited
+                      * for at once, so a trace shows what the overlap hides */
   int rd[NSLOT][ZT_OFF_STATES], wr[NSLOT][ZT_OFF_STATES]; /* requests per slot, -1: none */
 };
 
@@ -177,6 +180,9 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
     }
   for (int i = 0; i < NSLOT; i++)
     for (int s = 0; s < ZT_OFF_STATES; s++) o->rd[i][s] = o->wr[i][s] = -1;
+  const char *serial = getenv("ZT_TEST_OFFLOAD_SERIAL");
+  o->serial = serial && *serial && strcmp(serial, "0");
+  o->depth = o->serial ? 1 : NSLOT - 1;
   int ok = plan_segments(o, cfg) == 0 && alloc_states(o) == 0;
   if (ok && open_file(o, cfg, e)) {
     zt_offload_free(o);
@@ -411,12 +417,21 @@ static int store(zt_offload *o, int i, zt_err *e) {
   if (half(o)) o->be->copy(o->cs, param_at(o, c->a), sl[SL_W16], (size_t)c->n * xsize(o));
   else o->be->copy(o->cs, param_at(o, c->a), host_state(o, i, ZT_OFF_W), bytes);
   o->be->event_record(o->ev_out[k], o->cs);
+  if (o->serial) {
+    o->be->event_sync(o->ev_out[k]);
+    for (int s = 0; s < ZT_OFF_STATES; s++)
+      if (o->wr[k][s] >= 0 && zt_nvme_wait(o->file, o->wr[k][s], e)) return e->code;
+      else o->wr[k][s] = -1;
+  }
   return ZT_OK;
 }
 
 int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *ctx,
                     const zt_update_exec *dev, uint64_t *host_nonfinite, zt_err *e) {
   size_t x = xsize(o);
+  /* the gradients are final where the model stream is now: the copies
+   * down need not wait for the device's own pieces, queued next */
+  if (o->nchunk) o->be->event_record(o->ev_ready, o->stream);
   /* the device's pieces first: on a GPU they run while the host works */
   for (int k = 0; k < o->nseg; k++) {
     const seg *sg = &o->segs[k];
@@ -428,17 +443,18 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
     fn(ctx, dev, &r);
   }
   if (!o->nchunk) return ZT_OK;
-  /* the gradients are final where the model stream is now */
-  o->be->event_record(o->ev_ready, o->stream);
+  /* traced: the host's part of the step, and in it each chunk's update;
+   * the rest of it is transfer time the pipeline left exposed */
+  int tracing = zt_trace_on();
+  double t0 = tracing ? zt_timer_now() : 0;
+  int64_t elements = 0;
   o->be->event_wait(o->cs, o->ev_ready);
   memset(o->hsums, 0, sizeof *o->hsums);
   zt_update_exec hx = {.be = o->cpu, .stream = o->hs, .sums = o->hsums};
   int rc = ZT_OK;
-  for (int i = 0; !rc && i < NSLOT - 1 && i < o->nchunk; i++) rc = load(o, g, i, e);
-  int tracing = zt_trace_on();
+  for (int i = 0; !rc && i < o->depth && i < o->nchunk; i++) rc = load(o, g, i, e);
   for (int i = 0; !rc && i < o->nchunk; i++) {
     const chunk *c = &o->chunks[i];
-    double t0 = tracing ? zt_timer_now() : 0;
     if ((rc = arrived(o, i, e))) break;
     double t1 = tracing ? zt_timer_now() : 0;
     float **sl = o->slot[i % NSLOT];
@@ -447,16 +463,13 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
                          .v = host_state(o, i, ZT_OFF_V), .w16 = half(o) ? sl[SL_W16] : NULL,
                          .dt16 = o->lay.param_dt};
     fn(ctx, &hx, &r);
+    if (tracing)
+      zt_trace_slice("offload", "host update", NULL, t1, zt_timer_now(), "elements",
+                     (long long)c->n, NULL, 0);
+    elements += c->n;
     if (update && (rc = store(o, i, e))) break;
     /* the slot of chunk i - 1, whose write-back is queued before this */
-    if (i + NSLOT - 1 < o->nchunk && (rc = load(o, g, i + NSLOT - 1, e))) break;
-    if (tracing) {
-      double t2 = zt_timer_now();
-      zt_trace_slice("offload", "wait for copies", NULL, t0, t1, "elements", (long long)c->n,
-                     NULL, 0);
-      zt_trace_slice("offload", "host update", NULL, t1, t2, "elements", (long long)c->n,
-                     "bytes moved", (long long)(c->n * (update ? 8 + (long long)x : 4)));
-    }
+    if (i + o->depth < o->nchunk && (rc = load(o, g, i + o->depth, e))) break;
   }
   if (rc) { /* nothing may still be reading or writing the slots */
     zt_err ignored;
@@ -466,6 +479,10 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
   o->be->event_record(o->ev_done, o->cs);
   o->be->event_wait(o->stream, o->ev_done);
   *host_nonfinite += o->hsums->nonfinite;
+  if (tracing)
+    zt_trace_slice("offload", "host pieces", NULL, t0, zt_timer_now(), "elements",
+                   (long long)elements, "bytes per element moved",
+                   (long long)(update ? 4 + 4 + (long long)x : 4));
   return ZT_OK;
 }
 

@@ -180,7 +180,8 @@ static int offload_states(zt_zero *z, int separate, zt_err *e) {
   if (!separate) z->st[ZT_STATE_MASTER] = z->st[ZT_STATE_PARAM];
   int64_t bytes[ZT_PLACES];
   zt_offload_bytes(z->off, bytes);
-  for (int pl = 0; pl < ZT_PLACES; pl++) z->state_bytes += bytes[pl];
+  /* memory: device and pinned host, not the file */
+  z->state_bytes += bytes[ZT_PLACE_DEVICE] + bytes[ZT_PLACE_CPU];
   return ZT_OK;
 }
 

@@ -108,8 +108,9 @@ const char *zt_zero_nvme_engine(const zt_zero *z);
 zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind);
 /* This rank's shard [lo, hi) of the flat buffer (its ZeRO partition). */
 void zt_zero_shard(const zt_zero *z, int64_t *lo, int64_t *hi);
-/* Bytes of the model states (every buffer of zt_zero_state, once) and of
- * the gather and bucket buffers. */
+/* Bytes of the model states (every buffer of zt_zero_state, once: device
+ * and pinned host memory, not an offload file) and of the gather and
+ * bucket buffers. */
 void zt_zero_bytes(const zt_zero *z, int64_t *states, int64_t *buffers);
 
 /* PARAM made equal to MASTER after MASTER changed other than by an update

@@ -232,7 +232,9 @@ static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, f
   if (t->piped) tied_refresh(t);
   if (t->params_stale) {
     zt_err e;
-    zt_zero_sync_params(t->zero, &e); /* fails only reading an nvme file: reported there */
+    /* fails only reading an nvme file, which the step's own reads of
+     * the same file then report */
+    zt_zero_sync_params(t->zero, &e);
     t->params_stale = 0;
   }
   if (t->piped) {
@@ -404,6 +406,8 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     piece_ctx pc = {.c = &c->optim, .m = m, .t = t->t - t->skipped, .gscale = gscale};
     uint64_t host_nonfinite = 0;
     rc = zt_zero_update(t->zero, &r, 1, update_piece, &pc, t->sums, &host_nonfinite, e);
+    /* an nvme file that fails (a full disk) stops every rank alike */
+    if (zt_zero_nvme_engine(t->zero) && (rc = zt_comm_agree(&g->world, rc, e))) return rc;
     st->lr = zt_lr_at(&c->optim.lr, pc.t - 1);
     m->be->copy(m->stream, &dev, t->sums, sizeof dev);
     m->be->stream_sync(m->stream);

@@ -14,6 +14,7 @@
 #    over memories) resumes under device, nvme and the per-block policy as
 #    the uninterrupted run goes on;
 #  - the nvme files are gone after the run, and a stale one is replaced;
+#  - a non-finite gradient is reported as on the device;
 # and a bad policy (an unknown placement, an error, a kind that cannot be
 # offloaded, a misspelt key, nvme without a dir, a dir that is missing or
 # not a directory) stops with exit 2 and one message before anything is
@@ -70,7 +71,7 @@ layouts=(
   "tp|2|parallel = {tp = 2}|offload = {master = 'cpu'}"
   "pp|2|parallel = {pp = 2}; schedule = zt.schedule.one_f_one_b{}; train.precision = 'bf16'|$BLOCKS"
   "z1blk|2|parallel = {dp = 2, zero = 1}|$BLOCKS; checkpoint.async = true"
-  "z1n|2|parallel = {dp = 2, zero = 1}; train.precision = 'bf16'|$NVME"
+  "z1n|2|parallel = {dp = 2, zero = 1}; train.precision = 'fp16'|$NVME"
   "z3n|2|parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}|$NVME"
   "z2mix|2|parallel = {dp = 2, zero = 2}; train.precision = 'bf16'|$MIXED")
 for l in "${layouts[@]}"; do
@@ -100,9 +101,19 @@ grep -q "nvme files in $SW: " z1n-cpu/out.txt && ok || bad "the banner does not 
 [ -z "$(ls -A $SW)" ] && ok || bad "nvme files left behind: $(ls $SW)"
 # a stale file of this job (a killed run's) is replaced, not read
 head -c 1000000 /dev/urandom > $SW/ztrain-run-rank1.offload
-run z1n-stale 2 cpu "parallel = {dp = 2, zero = 1}; train.precision = 'bf16'; $NVME" &&
+run z1n-stale 2 cpu "parallel = {dp = 2, zero = 1}; train.precision = 'fp16'; $NVME" &&
   same z1n-dev z1n-stale
 [ -z "$(ls -A $SW)" ] && ok || bad "the stale nvme file is still there: $(ls $SW)"
+
+# a step with a non-finite gradient: the scan that names it reads the
+# offloaded states where they live, and says what the device run says
+for pol in dev cpu; do
+  (ZT_TEST_NAN_AT_STEP=2 timeout 300 "${MPI[@]}" -np 2 -x ZT_TEST_NAN_AT_STEP "$Z" run.lua \
+     -e "parallel = {dp = 2, zero = 1}; checkpoint.every = 0; $([ $pol = cpu ] && echo "$MIXED")" \
+     2>&1 | grep "update skipped" > nan-$pol.txt) || true
+done
+[ -s nan-dev.txt ] && cmp -s nan-dev.txt nan-cpu.txt && ok ||
+  { bad "the non-finite report differs under offload"; cat nan-dev.txt nan-cpu.txt; }
 
 # resume across placements: the cpu run's step-2 checkpoint, resumed under
 # the device and the per-block policy, ends as the uninterrupted run
