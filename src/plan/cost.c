@@ -67,6 +67,10 @@ int zt_cost_step(const zt_model_cfg *c, const zt_layout *l, zt_pipeline_cfg *pc,
   if (l->micro_batch < 1) return bad(e, "micro_batch", l->micro_batch);
   zt_schedule *s = &pc->schedule;
   if (s->stages != l->pp) return bad(e, "schedule stages", s->stages);
+  if ((long long)s->microbatches * l->micro_batch * l->dp != l->global_batch)
+    return zt_err_set(e, ZT_EINPUT, "cost model: the pipeline runs %d micro-batches per step, the layout "
+                      "%d (global_batch / (micro_batch * dp) = %d / (%d * %d))", s->microbatches,
+                      l->global_batch / (l->micro_batch * l->dp), l->global_batch, l->micro_batch, l->dp);
   if (!(hw->peak_flops > 0 && hw->gemm_eff > 0 && hw->mem_bw > 0 && hw->intra_bw > 0 &&
         hw->inter_bw > 0 && hw->ranks_per_node > 0))
     return zt_err_set(e, ZT_EINPUT, "cost model: the hardware needs a peak, a GEMM efficiency, a memory "

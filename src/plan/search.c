@@ -8,7 +8,7 @@
 #include "src/model/model.h"
 
 typedef struct pipe_key {
-  int pp, chunks, mb, kind;
+  int pp, chunks, mb, dp, kind; /* dp: the micro-batches per step depend on it */
   zt_pipeline_cfg *pc;
 } pipe_key;
 
@@ -35,7 +35,7 @@ static int pipeline_of(state *st, const zt_candidate *c, zt_pipeline_cfg **pc, z
   for (int i = 0; i < st->n_keys; i++) {
     pipe_key *k = &st->keys[i];
     if (k->pp == c->layout.pp && k->chunks == c->chunks && k->mb == c->layout.micro_batch &&
-        k->kind == (int)c->schedule) {
+        k->dp == c->layout.dp && k->kind == (int)c->schedule) {
       *pc = k->pc;
       return ZT_OK;
     }
@@ -43,7 +43,8 @@ static int pipeline_of(state *st, const zt_candidate *c, zt_pipeline_cfg **pc, z
   int rc = st->cfg->pipeline(c, st->cfg->pipeline_ctx, pc, e);
   if (rc) return rc;
   if ((rc = grow((void **)&st->keys, st->n_keys, &st->cap_keys, sizeof *st->keys, e))) return rc;
-  st->keys[st->n_keys++] = (pipe_key){c->layout.pp, c->chunks, c->layout.micro_batch, (int)c->schedule, *pc};
+  st->keys[st->n_keys++] =
+      (pipe_key){c->layout.pp, c->chunks, c->layout.micro_batch, c->layout.dp, (int)c->schedule, *pc};
   return ZT_OK;
 }
 

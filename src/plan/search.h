@@ -32,7 +32,8 @@ typedef struct zt_candidate {
 typedef int (*zt_peak_fn)(const zt_candidate *c, void *ctx, int64_t *bytes, zt_err *e);
 /* The checked pipeline of c (partition and action lists of c's pp, chunks,
  * schedule and global/(micro·dp) micro-batches), owned by the callback and
- * kept until the search returns; the search asks once per distinct one. */
+ * kept until the search returns; the search asks once per distinct
+ * (pp, chunks, schedule, micro-batch, dp). */
 typedef int (*zt_pipeline_fn)(const zt_candidate *c, void *ctx, zt_pipeline_cfg **out, zt_err *e);
 
 typedef struct zt_search_cfg {

@@ -17,6 +17,8 @@
 
 #include "src/config/config.h"
 #include "src/plan/cost.h"
+#include "src/plan/search.h"
+#include "tests/unit/plan_search_double.h"
 
 typedef struct row {
   double billions;
@@ -67,32 +69,45 @@ static zt_hw a100(double gemm_eff) {
 }
 #define A100_GEMM_EFF 0.75
 
-static int load_row(const row *r, zt_plan *p, zt_err *e) {
+/* A GPT of Table 1's shape (vocab 51200, seq 2048) laid out as asked,
+ * loaded by the config layer from a script: its plan holds the partition
+ * and the schedule's own action lists. chunks 1: 1F1B. */
+typedef struct shape {
+  int hidden, layers, heads;
+} shape;
+
+static int load_layout(shape m, const zt_layout *l, int chunks, int recompute, zt_plan *p, zt_err *e) {
   char path[] = "/tmp/zt_plan_cost_XXXXXX";
   int fd = mkstemp(path);
   if (fd < 0) return zt_err_set(e, ZT_ERUNTIME, "mkstemp failed");
   FILE *f = fdopen(fd, "w");
-  int dp = r->gpus / (r->tp * r->pp), ch = r->pp > 1 ? chunks_of(r->layers / r->pp) : 1;
   char sched[64];
-  if (ch > 1) snprintf(sched, sizeof sched, "zt.schedule.interleaved { chunks = %d }", ch);
+  if (chunks > 1) snprintf(sched, sizeof sched, "zt.schedule.interleaved { chunks = %d }", chunks);
   else snprintf(sched, sizeof sched, "zt.schedule.one_f_one_b {}");
-  /* sequence_parallel: Megatron's scatter/gather of pipeline messages
-   * sends 1/tp of the activation per rank, which is what sequence
-   * parallelism sends; the TP volume is the same either way */
   fprintf(f,
           "local zt = require 'ztrain'\n"
           "model = zt.gpt { vocab = 51200, seq = 2048, dim = %d, layers = %d, heads = %d }\n"
           "parallel = { tp = %d, pp = %d, dp = %d, sequence_parallel = %s }\n"
           "schedule = %s\n"
-          "train = { micro_batch = 1, global_batch = %d, steps = 1, recompute = 'full', "
+          "train = { micro_batch = %d, global_batch = %d, steps = 1, recompute = '%s', "
           "precision = 'fp16' }\n"
           "data = { train = 'none.bin' }\n",
-          r->hidden, r->layers, r->heads, r->tp, r->pp, dp, r->tp > 1 ? "true" : "false", sched,
-          r->batch);
+          m.hidden, m.layers, m.heads, l->tp, l->pp, l->dp, l->sp ? "true" : "false", sched,
+          l->micro_batch, l->global_batch, recompute ? "full" : "none");
   fclose(f);
   int rc = zt_config_load(p, path, NULL, 0, 0, NULL, e);
   unlink(path);
   return rc;
+}
+
+static int load_row(const row *r, zt_plan *p, zt_err *e) {
+  int ch = r->pp > 1 ? chunks_of(r->layers / r->pp) : 1;
+  /* sequence_parallel: Megatron's scatter/gather of pipeline messages
+   * sends 1/tp of the activation per rank, which is what sequence
+   * parallelism sends; the TP volume is the same either way */
+  zt_layout l = {.tp = r->tp, .pp = r->pp, .dp = r->gpus / (r->tp * r->pp), .micro_batch = 1,
+                 .global_batch = r->batch, .sp = r->tp > 1};
+  return load_layout((shape){r->hidden, r->layers, r->heads}, &l, ch, 1, p, e);
 }
 
 static int predict(const row *r, double eff, zt_cost *c, int *chunks, zt_err *e) {
@@ -153,9 +168,109 @@ static int megatron_table(int table_only) {
   return fails;
 }
 
+/* The search (src/plan/search.h) over the 1.7B row's model on 64 ranks
+ * with the test double for memory: what it returns fits, is ordered, and
+ * each returned layout's prediction is the one its own plan gives when
+ * loaded afresh (no cached pipeline of another layout); every layout
+ * enumerated is either returned or over memory. */
+typedef struct search_ctx {
+  shape m;
+  zt_model_cfg model;
+  zt_plan *plans[4096];
+  int n;
+} search_ctx;
+
+static int search_pipeline(const zt_candidate *c, void *ctx, zt_pipeline_cfg **out, zt_err *e) {
+  search_ctx *x = ctx;
+  if (x->n == 4096) return zt_err_set(e, ZT_ERUNTIME, "test: too many pipelines");
+  zt_plan *p = calloc(1, sizeof *p);
+  int rc = load_layout(x->m, &c->layout, c->chunks, 0, p, e);
+  if (rc) {
+    zt_plan_free(p);
+    free(p);
+    return rc;
+  }
+  x->plans[x->n++] = p;
+  *out = &p->pipeline;
+  return ZT_OK;
+}
+
+static int search_peak(const zt_candidate *c, void *ctx, int64_t *bytes, zt_err *e) {
+  return test_double_peak(c, &((search_ctx *)ctx)->model, bytes, e);
+}
+
+static int search_test(void) {
+  static search_ctx x;
+  x.m = (shape){2304, 24, 24};
+  zt_plan base = {0};
+  zt_err e = {0};
+  zt_layout l0 = {.tp = 1, .pp = 1, .dp = 1, .micro_batch = 1, .global_batch = 512};
+  if (load_layout(x.m, &l0, 1, 0, &base, &e)) {
+    fprintf(stderr, "search: %s\n", e.msg);
+    return 1;
+  }
+  x.model = base.model;
+  zt_search_cfg cfg = {.model = &base.model, .world = 64, .mem_per_rank = (int64_t)20 << 30,
+                       .global_batch = 512, .sp = 1, .act_bytes = 2, .grad_bytes = 4,
+                       .zero_overlap = 1, .hw = a100(A100_GEMM_EFF), .peak_bytes = search_peak,
+                       .peak_ctx = &x, .pipeline = search_pipeline, .pipeline_ctx = &x};
+  cfg.hw.host_bw = 25e9, cfg.hw.host_mem_bw = 20e9; /* PCIe 4 x16; a rank's share of host memory */
+  zt_search_result r;
+  int fails = 0;
+  if (zt_search_run(&cfg, &r, &e)) {
+    fprintf(stderr, "search: %s\n", e.msg);
+    fails++;
+  } else {
+    if (r.n == 0 || r.too_big == 0 || r.n + r.too_big != r.tried) {
+      fprintf(stderr, "search: %d fit + %d over memory != %d tried (both must be > 0)\n", r.n,
+              r.too_big, r.tried);
+      fails++;
+    }
+    int checked = 0;
+    for (int i = 0; i < r.n; i++) {
+      const zt_candidate *c = &r.c[i];
+      const zt_layout *l = &c->layout;
+      if (c->peak_bytes > cfg.mem_per_rank || (i && c->cost.step_s < r.c[i - 1].cost.step_s) ||
+          l->tp * l->pp * l->dp != 64 || 512 % (l->dp * l->micro_batch) || 24 % l->pp ||
+          24 % l->tp || l->tp > 8) {
+        char d[160];
+        zt_candidate_describe(c, d, sizeof d);
+        fprintf(stderr, "search: row %d (%s) does not fit, is out of order or is no layout\n", i, d);
+        fails++;
+      }
+      /* the first 20 and every 37th: a fresh plan of the same layout */
+      if (i >= 20 && i % 37) continue;
+      zt_plan p = {0};
+      zt_cost c2;
+      zt_model_cfg m;
+      int rc = load_layout(x.m, l, c->chunks, c->recompute, &p, &e);
+      if (!rc) m = p.model, m.sequence_parallel = l->sp, rc = zt_cost_step(&m, l, &p.pipeline, &cfg.hw, &c2, &e);
+      if (rc || c2.step_s != c->cost.step_s) {
+        char d[160];
+        zt_candidate_describe(c, d, sizeof d);
+        fprintf(stderr, "search: %s: %.9g s in the search, %.9g s from its own plan %s\n", d,
+                c->cost.step_s, rc ? 0 : c2.step_s, rc ? e.msg : "");
+        fails++;
+      }
+      checked++;
+      zt_plan_free(&p);
+    }
+    char best[160];
+    zt_candidate_describe(&r.c[0], best, sizeof best);
+    printf("search: 64 ranks, 20 GiB (test double): %d layouts, %d over memory, %d fit; best %s, "
+           "%.3f s; %d re-evaluated from their own plans\n", r.tried, r.too_big, r.n, best,
+           r.c[0].cost.step_s, checked);
+    zt_search_result_free(&r);
+  }
+  for (int i = 0; i < x.n; i++) zt_plan_free(x.plans[i]), free(x.plans[i]);
+  zt_plan_free(&base);
+  return fails;
+}
+
 int main(int argc, char **argv) {
   int table_only = argc > 1 && !strcmp(argv[1], "--table");
   int fails = megatron_table(table_only);
+  if (!table_only) fails += search_test();
   if (!table_only) printf("%s\n", fails ? "FAIL" : "PASS");
   return fails ? 1 : 0;
 }
