@@ -76,6 +76,15 @@ static int positive(const char *opt, const char *s, double *v, zt_err *e) {
   return ZT_OK;
 }
 
+static int whole(const char *opt, const char *s, int *n, zt_err *e) {
+  double v;
+  int rc = positive(opt, s, &v, e);
+  if (!rc && (v != (int)v || v > 1 << 30))
+    rc = zt_err_set(e, ZT_EINPUT, "%s: '%s' is not a whole number >= 1", opt, s);
+  if (!rc) *n = (int)v;
+  return rc;
+}
+
 static const char usage[] =
     "usage: ztrain plan SCRIPT.lua --world N --mem-per-rank GiB [--ranks-per-node R] "
     "[--link intra=GB/s,inter=GB/s] [--peak TFLOP/s] [--gemm-eff F] [--mem-bw GB/s] [--top K] "
@@ -87,8 +96,8 @@ int zt_cli_plan_search(int argc, char **argv, zt_peak_fn peak, void *peak_ctx) {
   zt_hw hw = {.peak_flops = 312e12, .gemm_eff = 0.75, .mem_bw = 2039e9, .attn_matrix_bytes = 0,
               .ranks_per_node = 8, .intra_bw = 300e9, .intra_lat = 5e-6, .inter_bw = 25e9,
               .inter_lat = 10e-6, .host_bw = 25e9, .host_mem_bw = 20e9, .nvme_bw = 0.8e9};
-  double world = 0, mem = 0, v;
-  int top = 10, rc = ZT_OK;
+  double mem = 0, v;
+  int world = 0, top = 10, rc = ZT_OK;
   lists_ctx lc = {0};
   lc.stmts = calloc((size_t)argc + 1, sizeof *lc.stmts);
   static const struct option opts[] = {
@@ -102,21 +111,20 @@ int zt_cli_plan_search(int argc, char **argv, zt_peak_fn peak, void *peak_ctx) {
   while (!rc && (o = getopt_long(argc, argv, "e:h", opts, NULL)) != -1) {
     switch (o) {
     case 'e': lc.stmts[lc.nstmts++] = optarg; break;
-    case 'w': rc = positive("--world", optarg, &world, &e); break;
+    case 'w': rc = whole("--world", optarg, &world, &e); break;
     case 'm': rc = positive("--mem-per-rank", optarg, &mem, &e); break;
-    case 'r': rc = positive("--ranks-per-node", optarg, &v, &e), hw.ranks_per_node = (int)v; break;
+    case 'r': rc = whole("--ranks-per-node", optarg, &hw.ranks_per_node, &e); break;
     case 'l': rc = parse_link(optarg, &hw.intra_bw, &hw.inter_bw, &e); break;
     case 'p': rc = positive("--peak", optarg, &v, &e), hw.peak_flops = v * 1e12; break;
     case 'g': rc = positive("--gemm-eff", optarg, &hw.gemm_eff, &e); break;
     case 'b': rc = positive("--mem-bw", optarg, &v, &e), hw.mem_bw = v * 1e9; break;
-    case 't': rc = positive("--top", optarg, &v, &e), top = (int)v; break;
+    case 't': rc = whole("--top", optarg, &top, &e); break;
     case 'h': printf("%s\n", usage); free(lc.stmts); return 0;
     default: rc = zt_err_set(&e, ZT_EINPUT, "%s", usage);
     }
   }
   if (!rc && optind != argc - 1) rc = zt_err_set(&e, ZT_EINPUT, "one script expected; %s", usage);
-  if (!rc && (world < 1 || world != (int)world))
-    rc = zt_err_set(&e, ZT_EINPUT, "--world N (a whole number of ranks >= 1) is required; %s", usage);
+  if (!rc && world < 1) rc = zt_err_set(&e, ZT_EINPUT, "--world N (ranks) is required; %s", usage);
   if (!rc && mem <= 0) rc = zt_err_set(&e, ZT_EINPUT, "--mem-per-rank GiB is required; %s", usage);
   if (!rc && hw.gemm_eff > 1)
     rc = zt_err_set(&e, ZT_EINPUT, "--gemm-eff %g: a fraction of the peak, at most 1", hw.gemm_eff);
@@ -129,7 +137,7 @@ int zt_cli_plan_search(int argc, char **argv, zt_peak_fn peak, void *peak_ctx) {
   if (!rc) {
     zt_layout bl;
     zt_layout_from_plan(&base, &bl);
-    zt_search_cfg cfg = {.model = &base.model, .world = (int)world,
+    zt_search_cfg cfg = {.model = &base.model, .world = world,
                          .mem_per_rank = (int64_t)(mem * 1073741824.0),
                          .global_batch = base.train.global_batch, .sp = bl.sp,
                          .act_bytes = bl.act_bytes, .grad_bytes = bl.grad_bytes,
@@ -140,12 +148,12 @@ int zt_cli_plan_search(int argc, char **argv, zt_peak_fn peak, void *peak_ctx) {
   if (!rc && res.n == 0)
     rc = zt_err_set(&e, ZT_EINPUT, "no layout of %d ranks fits %.3g GiB per rank: %d layouts tried, "
                     "the smallest peaks at %.3g GiB per rank; give more memory per rank or more ranks",
-                    (int)world, mem, res.tried, res.least_peak / 1073741824.0);
+                    world, mem, res.tried, res.least_peak / 1073741824.0);
   if (!rc) {
     printf("ztrain plan: %d ranks, %.2f GiB per rank; %d layouts, %d over memory, %d fit\n"
            "hardware: %.0f TFLOP/s peak x %.2f GEMM efficiency, %.0f GB/s memory, %d ranks per node, "
            "links %.0f GB/s intra, %.0f GB/s inter (per rank)\n",
-           (int)world, mem, res.tried, res.too_big, res.n, hw.peak_flops / 1e12, hw.gemm_eff,
+           world, mem, res.tried, res.too_big, res.n, hw.peak_flops / 1e12, hw.gemm_eff,
            hw.mem_bw / 1e9, hw.ranks_per_node, hw.intra_bw / 1e9, hw.inter_bw / 1e9);
     printf("%4s  %-62s %8s %9s %8s %6s %7s %8s %8s\n", "rank", "layout", "peak GiB", "step s",
            "TFLOP/s", "MFU", "bubble", "dp s", "optim s");

@@ -41,6 +41,9 @@ expect2() { # name, args...
 }
 expect2 "no --world" "$script" --mem-per-rank 1
 expect2 "world 0" "$script" --world 0 --mem-per-rank 1
+expect2 "fractional world" "$script" --world 2.5 --mem-per-rank 1
+expect2 "fractional ranks per node" "$script" --world 4 --mem-per-rank 1 --ranks-per-node 1.5
+expect2 "missing script" /nonexistent/x.lua --world 4 --mem-per-rank 1
 expect2 "no memory" "$script" --world 4
 expect2 "bad link" "$script" --world 4 --mem-per-rank 1 --link intra=fast
 expect2 "efficiency > 1" "$script" --world 4 --mem-per-rank 1 --gemm-eff 1.5
