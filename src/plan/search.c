@@ -52,8 +52,12 @@ static int consider(state *st, zt_candidate *c, zt_err *e) {
   const zt_search_cfg *cfg = st->cfg;
   zt_search_result *r = st->r;
   r->tried++;
+  zt_pipeline_cfg *pc;
+  int rc = pipeline_of(st, c, &pc, e);
+  if (rc) return rc;
+  c->pipeline = pc; /* the memory planner needs its in-flight micro-batches */
   int64_t peak = 0;
-  int rc = cfg->peak_bytes(c, cfg->peak_ctx, &peak, e);
+  rc = cfg->peak_bytes(c, cfg->peak_ctx, &peak, e);
   if (rc) return rc;
   c->peak_bytes = peak;
   if (r->least_peak == 0 || peak < r->least_peak) r->least_peak = peak;
@@ -61,16 +65,14 @@ static int consider(state *st, zt_candidate *c, zt_err *e) {
     r->too_big++;
     return ZT_OK;
   }
-  zt_pipeline_cfg *pc;
-  rc = pipeline_of(st, c, &pc, e);
-  if (rc) return rc;
   zt_model_cfg m = *cfg->model;
   m.recompute = c->recompute ? st->all_recompute : NULL;
   m.sequence_parallel = c->layout.sp;
   rc = zt_cost_step(&m, &c->layout, pc, &cfg->hw, &c->cost, e);
   if (rc) return rc;
   if ((rc = grow((void **)&r->c, r->n, &st->cap, sizeof *r->c, e))) return rc;
-  r->c[r->n++] = *c;
+  r->c[r->n] = *c;
+  r->c[r->n++].pipeline = NULL; /* owned by the callback, gone after the search */
   return ZT_OK;
 }
 

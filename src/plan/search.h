@@ -24,11 +24,17 @@ typedef struct zt_candidate {
   zt_sched_kind schedule;
   int chunks;     /* 1 for 1F1B */
   int recompute;  /* every block recomputed in backward */
+  /* during the search only (NULL in the result): the candidate's checked
+   * pipeline, from the pipeline callback, set before peak_bytes is called
+   * so that the memory planner can read the schedule's in-flight
+   * micro-batches per stage (report.peak) and the partition */
+  const zt_pipeline_cfg *pipeline;
   int64_t peak_bytes; /* from peak_bytes */
   zt_cost cost;
 } zt_candidate;
 
-/* Peak bytes one rank of candidate c holds (the worst rank). */
+/* Peak bytes one rank of candidate c holds (the worst rank); c->pipeline
+ * is set. */
 typedef int (*zt_peak_fn)(const zt_candidate *c, void *ctx, int64_t *bytes, zt_err *e);
 /* The checked pipeline of c (partition and action lists of c's pp, chunks,
  * schedule and global/(micro·dp) micro-batches), owned by the callback and
