@@ -100,8 +100,7 @@ int zt_cost_step(const zt_model_cfg *c, const zt_layout *l, zt_pipeline_cfg *pc,
     int st = vs % pp;
     double *F = &sc[st * 3], *B = F + 1, *W = F + 2;
     for (int b = pc->first[vs]; b <= pc->last[vs]; b++) {
-      int rc = c->recompute && c->recompute[b];
-      double re = rc ? 1 : 0;
+      double re = c->recompute && c->recompute[b] ? 1 : 0; /* the forward again, in B */
       double eb = w.elem_bytes / hw->mem_bw, am = hw->attn_matrix_bytes * N * c->seq * c->heads / t / hw->mem_bw;
       *F += w.fwd_flops / rate + eb + am + 2 * ar;
       *B += (w.dgrad_flops + re * w.fwd_flops) / rate + (2 + re) * (eb + am) + (2 + 2 * re) * ar;
