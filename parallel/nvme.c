@@ -120,9 +120,11 @@ static void queue_drop(zt_nvme *f, int s) {
   f->qlen = k;
 }
 
-/* A chunk is back: moved bytes, or failed with errno err (-1: 0 bytes). */
+/* A chunk (what was left of it) failed with errno err (-1: 0 bytes
+ * moved). The failure nearest the request's start is the one reported,
+ * so the report names the first bad byte whichever chunk came back first. */
 static void chunk_failed(req *r, const chunk *c, int err) {
-  if (!r->err) {
+  if (!r->err || c->off < r->err_off) {
     r->err = err;
     r->err_off = c->off;
     r->err_len = c->len;
@@ -220,17 +222,18 @@ static int uring_wait(zt_nvme *f, req *r, zt_err *e) {
 
 /* ---- thread pool engine ---- */
 
-static int chunk_io(int fd, int write, chunk c, size_t *moved) {
-  while (c.len) {
-    ssize_t k = write ? pwrite(fd, c.buf, c.len, c.off) : pread(fd, c.buf, c.len, c.off);
+/* Moves chunk c, retrying short transfers; c is left at what failed. */
+static int chunk_io(int fd, int write, chunk *c, size_t *moved) {
+  while (c->len) {
+    ssize_t k = write ? pwrite(fd, c->buf, c->len, c->off) : pread(fd, c->buf, c->len, c->off);
     if (k < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return errno;
     }
     if (k == 0) return -1;
-    c.buf += k;
-    c.off += k;
-    c.len -= (size_t)k;
+    c->buf += k;
+    c->off += k;
+    c->len -= (size_t)k;
     *moved += (size_t)k;
   }
   return 0;
@@ -246,7 +249,7 @@ static void *worker(void *arg) {
     int write = f->r[c.slot].write;
     pthread_mutex_unlock(&f->mu);
     size_t moved = 0;
-    int err = chunk_io(f->fd, write, c, &moved);
+    int err = chunk_io(f->fd, write, &c, &moved);
     pthread_mutex_lock(&f->mu);
     req *r = &f->r[c.slot];
     r->done += moved;
