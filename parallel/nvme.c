@@ -19,9 +19,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+/* io_uring entries: chunks in the kernel at once. A test build makes it
+ * small, so that chunks queue behind a full ring with little data. */
+#ifndef ZT_NVME_RING
+#define ZT_NVME_RING 128
+#endif
 enum {
   MAXREQ = 64,   /* requests in flight per file (nvme.h) */
-  RING = 128,    /* io_uring entries: chunks in the kernel at once */
+  RING = ZT_NVME_RING,
   NTHREADS = 4,  /* the pool: enough to keep an SSD's queue busy with 8 MiB chunks */
   BUF_ALIGN = 65536 /* zt_nvme_buf_alloc's alignment, the largest zt_nvme_align */
 };
@@ -529,9 +534,11 @@ static int submit(zt_nvme *f, int write, int64_t off, void *buf, size_t n, zt_er
   f->nlive++;
   f->queue[(f->qhead + f->qlen++) % MAXREQ] = s;
   int ret = 0;
-  if (f->uring)
-    ret = uring_pump(f);
-  else
+  if (f->uring) {
+    /* what completed frees room for this request's chunks */
+    ret = uring_reap(f, 0);
+    if (ret >= 0) ret = uring_pump(f);
+  } else
     pthread_cond_broadcast(&f->work);
   pthread_mutex_unlock(&f->mu);
   if (ret < 0) {
