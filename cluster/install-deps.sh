@@ -8,7 +8,8 @@ set -eu
 build=(build-essential cmake ninja-build pkg-config
        openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
        liblua5.4-dev libopenblas-openmp-dev libdnnl-dev libjansson-dev libxxhash-dev
-       libpcre2-dev libsentencepiece-dev libutf8proc-dev)
+       libpcre2-dev libsentencepiece-dev libutf8proc-dev
+       liburing-dev)
 test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch python3-venv procps
       chromium python3-pil python3-sentencepiece)
 want=("${build[@]}")

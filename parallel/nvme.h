@@ -16,6 +16,9 @@
 
 typedef struct zt_nvme zt_nvme;
 
+/* The environment variable ZT_NVME_ENGINE=auto|uring|threads overrides
+ * the caller's choice (tests, and users whose io_uring misbehaves); any
+ * other value fails zt_nvme_open with ZT_EINPUT. */
 typedef enum {
   ZT_NVME_AUTO = 0, /* io_uring, else threads */
   ZT_NVME_URING,    /* io_uring or fail */
@@ -26,7 +29,8 @@ typedef enum {
  * `bytes` rounded up to the alignment and allocated on disk (fallocate, so
  * a full file system fails here and not mid-step). NULL with *e set
  * (ZT_EINPUT for a directory that is missing or not writable, with the
- * path and errno's words; ZT_ERUNTIME otherwise). */
+ * path and errno's words, and for a file system without room, with the
+ * bytes needed and free; ZT_ERUNTIME otherwise). */
 zt_nvme *zt_nvme_open(const char *path, int64_t bytes, zt_nvme_engine want, zt_err *e);
 /* Waits for what is in flight, closes and removes the file. */
 void zt_nvme_close(zt_nvme *f);
@@ -44,7 +48,9 @@ void zt_nvme_buf_free(void *p);
 
 /* Start a request of n bytes at offset off; buf belongs to the engine
  * until the request is waited for. Returns a ticket >= 0, or -1 with *e
- * set. At most 64 requests in flight per file. */
+ * set. At most 64 requests in flight per file. io_uring holds up to
+ * 1 GiB of them in the kernel at once (128 chunks of 8 MiB); what is
+ * beyond starts as those complete, during any later call on f. */
 int zt_nvme_read(zt_nvme *f, int64_t off, void *buf, size_t n, zt_err *e);
 int zt_nvme_write(zt_nvme *f, int64_t off, const void *buf, size_t n, zt_err *e);
 /* Waits for request `ticket`; ZT_OK, or an error (an I/O error, a short
