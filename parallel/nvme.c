@@ -19,9 +19,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+/* io_uring entries: chunks in the kernel at once. A test build makes it
+ * small, so that chunks queue behind a full ring with little data. */
+#ifndef ZT_NVME_RING
+#define ZT_NVME_RING 128
+#endif
 enum {
   MAXREQ = 64,   /* requests in flight per file (nvme.h) */
-  RING = 128,    /* io_uring entries: chunks in the kernel at once */
+  RING = ZT_NVME_RING,
   NTHREADS = 4,  /* the pool: enough to keep an SSD's queue busy with 8 MiB chunks */
   BUF_ALIGN = 65536 /* zt_nvme_buf_alloc's alignment, the largest zt_nvme_align */
 };
@@ -120,9 +125,11 @@ static void queue_drop(zt_nvme *f, int s) {
   f->qlen = k;
 }
 
-/* A chunk is back: moved bytes, or failed with errno err (-1: 0 bytes). */
+/* A chunk (what was left of it) failed with errno err (-1: 0 bytes
+ * moved). The failure nearest the request's start is the one reported,
+ * so the report names the first bad byte whichever chunk came back first. */
 static void chunk_failed(req *r, const chunk *c, int err) {
-  if (!r->err) {
+  if (!r->err || c->off < r->err_off) {
     r->err = err;
     r->err_off = c->off;
     r->err_len = c->len;
@@ -220,17 +227,18 @@ static int uring_wait(zt_nvme *f, req *r, zt_err *e) {
 
 /* ---- thread pool engine ---- */
 
-static int chunk_io(int fd, int write, chunk c, size_t *moved) {
-  while (c.len) {
-    ssize_t k = write ? pwrite(fd, c.buf, c.len, c.off) : pread(fd, c.buf, c.len, c.off);
+/* Moves chunk c, retrying short transfers; c is left at what failed. */
+static int chunk_io(int fd, int write, chunk *c, size_t *moved) {
+  while (c->len) {
+    ssize_t k = write ? pwrite(fd, c->buf, c->len, c->off) : pread(fd, c->buf, c->len, c->off);
     if (k < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return errno;
     }
     if (k == 0) return -1;
-    c.buf += k;
-    c.off += k;
-    c.len -= (size_t)k;
+    c->buf += k;
+    c->off += k;
+    c->len -= (size_t)k;
     *moved += (size_t)k;
   }
   return 0;
@@ -246,7 +254,7 @@ static void *worker(void *arg) {
     int write = f->r[c.slot].write;
     pthread_mutex_unlock(&f->mu);
     size_t moved = 0;
-    int err = chunk_io(f->fd, write, c, &moved);
+    int err = chunk_io(f->fd, write, &c, &moved);
     pthread_mutex_lock(&f->mu);
     req *r = &f->r[c.slot];
     r->done += moved;
@@ -526,9 +534,11 @@ static int submit(zt_nvme *f, int write, int64_t off, void *buf, size_t n, zt_er
   f->nlive++;
   f->queue[(f->qhead + f->qlen++) % MAXREQ] = s;
   int ret = 0;
-  if (f->uring)
-    ret = uring_pump(f);
-  else
+  if (f->uring) {
+    /* what completed frees room for this request's chunks */
+    ret = uring_reap(f, 0);
+    if (ret >= 0) ret = uring_pump(f);
+  } else
     pthread_cond_broadcast(&f->work);
   pthread_mutex_unlock(&f->mu);
   if (ret < 0) {

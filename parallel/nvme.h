@@ -48,7 +48,9 @@ void zt_nvme_buf_free(void *p);
 
 /* Start a request of n bytes at offset off; buf belongs to the engine
  * until the request is waited for. Returns a ticket >= 0, or -1 with *e
- * set. At most 64 requests in flight per file. */
+ * set. At most 64 requests in flight per file. io_uring holds up to
+ * 1 GiB of them in the kernel at once (128 chunks of 8 MiB); what is
+ * beyond starts as those complete, during any later call on f. */
 int zt_nvme_read(zt_nvme *f, int64_t off, void *buf, size_t n, zt_err *e);
 int zt_nvme_write(zt_nvme *f, int64_t off, const void *buf, size_t n, zt_err *e);
 /* Waits for request `ticket`; ZT_OK, or an error (an I/O error, a short

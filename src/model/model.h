@@ -317,6 +317,8 @@ int64_t zt_model_gemm_scratch(const zt_model *m);
 /* Training FLOPs per token (forward + backward) of the whole logical model,
  * for MFU: with TP each rank does 1/tp of it. */
 double zt_model_flops_per_token(const zt_model *m);
+/* The same from the description alone (hd = dim / heads), for the planner. */
+double zt_model_cfg_flops_per_token(const zt_model_cfg *c);
 
 /* Bytes this rank has sent within its TP group so far: on tp and on the kv
  * groups inside it. */

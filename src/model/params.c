@@ -356,15 +356,17 @@ int zt_model_find(const zt_model *m, const char *name) {
   return -1;
 }
 
-double zt_model_flops_per_token(const zt_model *m) {
+double zt_model_cfg_flops_per_token(const zt_model_cfg *c) {
   /* PaLM appendix B: 6 per parameter that takes part in a matmul (everything
    * but embeddings and norms, head included) plus 12*L*C*T for attention
    * scores and values. Logical sizes: the same for any TP cut. */
-  const zt_model_cfg *c = &m->cfg;
-  double qkv = (double)(c->heads + 2 * c->kv_heads) * m->hd;
+  double hd = (double)(c->dim / c->heads); /* as zt_model_init sizes it */
+  double qkv = (double)(c->heads + 2 * c->kv_heads) * hd;
   double fc = c->arch == ZT_ARCH_GPT ? c->ffn_dim : 2.0 * c->ffn_dim;
   double per_layer = (double)c->dim * (qkv + c->dim + fc + c->ffn_dim);
   double matmul = c->layers * per_layer;
   matmul += (double)c->vocab * c->dim;
   return 6 * matmul + 12.0 * c->layers * c->dim * c->seq;
 }
+
+double zt_model_flops_per_token(const zt_model *m) { return zt_model_cfg_flops_per_token(&m->cfg); }

@@ -7,9 +7,11 @@
  * sizes (chunk boundaries crossed), with up to 64 requests in flight and
  * waited for out of order, against an image kept in memory; the 65th
  * request, a misaligned one, one past the end and a stale ticket refused
- * with their numbers; a missing or unwritable directory is ZT_EINPUT
- * naming the path; a stale file is replaced, the new one reads zeros and
- * is gone after close; the engine's name. uring exits 77 (skipped) where
+ * with their numbers; a file cut short behind the engine's back fails
+ * the read across the cut naming the first bad byte, in wait and in
+ * wait_all, and the file goes on working; a missing or unwritable
+ * directory is ZT_EINPUT naming the path; a stale file is replaced, the
+ * new one reads zeros and is gone after close; the engine's name. uring exits 77 (skipped) where
  * io_uring is refused, saying so.
  * fallback: a child whose io_uring_setup is refused by a seccomp filter
  * (as Docker's default profile does) gets the thread pool, with the
@@ -188,6 +190,43 @@ static void test_refused(void **state) {
   assert_int_equal(zt_nvme_read(f, 0, buf, 0, &e), -1);
   assert_int_equal(zt_nvme_read(f, (1 << 20) - (int64_t)a, buf, 2 * a, &e), -1);
   assert_non_null(strstr(e.msg, "runs past the file's 1048576 bytes"));
+  zt_nvme_buf_free(buf);
+  zt_nvme_close(f);
+}
+
+static void test_io_error(void **state) {
+  (void)state;
+  const size_t size = 32u << 20;
+  zt_nvme *f = open_ok((int64_t)size);
+  char *buf = zt_nvme_buf_alloc(size);
+  /* the file cut short behind the engine's back: a read past the cut
+   * moves 0 bytes; the 8 MiB chunk across it comes back short, its rest
+   * fails, and so do the chunks after it */
+  assert_int_equal(truncate(path, 12 << 20), 0);
+  zt_err e = {0};
+  int t = zt_nvme_read(f, 0, buf, size, &e);
+  assert_true(t >= 0);
+  assert_int_equal(zt_nvme_wait(f, t, &e), ZT_ERUNTIME);
+  char want[512];
+  snprintf(want, sizeof want,
+           "nvme %s: read of 4194304 bytes at offset 12582912 (request of 33554432 bytes at 0) "
+           "failed: 0 bytes transferred (end of file or device)",
+           path);
+  assert_string_equal(e.msg, want);
+  /* wait_all reports the failure among good requests; the file goes on */
+  int good = zt_nvme_read(f, 0, buf, 1 << 20, &e);
+  int bad = zt_nvme_read(f, 16 << 20, buf + (16 << 20), 1 << 20, &e);
+  assert_true(good >= 0 && bad >= 0);
+  assert_int_equal(zt_nvme_wait_all(f, &e), ZT_ERUNTIME);
+  assert_non_null(strstr(e.msg, "read of 1048576 bytes at offset 16777216"));
+  assert_int_equal(zt_nvme_wait(f, bad, &e), ZT_ERUNTIME); /* waited for already */
+  assert_non_null(strstr(e.msg, "is not in flight"));
+  fill_random(buf, 1 << 20);
+  t = zt_nvme_write(f, 20 << 20, buf, 1 << 20, &e);
+  assert_int_equal(zt_nvme_wait(f, t, &e), ZT_OK);
+  t = zt_nvme_read(f, 20 << 20, buf + (1 << 20), 1 << 20, &e);
+  assert_int_equal(zt_nvme_wait(f, t, &e), ZT_OK);
+  assert_memory_equal(buf, buf + (1 << 20), 1 << 20);
   zt_nvme_buf_free(buf);
   zt_nvme_close(f);
 }
@@ -383,7 +422,8 @@ int main(int argc, char **argv) {
     printf("engine: %s\n", mode);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip), cmocka_unit_test(test_in_flight),
-        cmocka_unit_test(test_refused), cmocka_unit_test(test_bad_dir),
+        cmocka_unit_test(test_refused), cmocka_unit_test(test_io_error),
+        cmocka_unit_test(test_bad_dir),
         cmocka_unit_test(test_stale_replaced_and_removed), cmocka_unit_test(test_engine_name),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
