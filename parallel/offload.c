@@ -67,6 +67,13 @@ int zt_offload_any(const zt_offload_cfg *cfg, zt_offload_kind k) {
   return 0;
 }
 
+int zt_offload_uses(const zt_offload_cfg *cfg, zt_place p) {
+  for (int k = 0; k < ZT_OFF_KINDS; k++)
+    for (int u = 0; cfg->place[k] && u < cfg->n_units; u++)
+      if (cfg->place[k][u] == p) return 1;
+  return 0;
+}
+
 static size_t xsize(const zt_offload *o) { return zt_dtype_size(o->lay.param_dt); }
 static int half(const zt_offload *o) { return o->lay.param_dt != ZT_F32; }
 

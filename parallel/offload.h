@@ -44,6 +44,8 @@ const char *zt_place_name(zt_place p);
 const char *zt_offload_kind_name(zt_offload_kind k);
 /* Whether cfg places any unit of kind k off the device. */
 int zt_offload_any(const zt_offload_cfg *cfg, zt_offload_kind k);
+/* Whether cfg places any unit of any kind at p. */
+int zt_offload_uses(const zt_offload_cfg *cfg, zt_place p);
 
 /* What one optimizer step updates: flat elements [lo, hi), every pointer
  * at element lo: fp32 master weights, summed gradients and moments; w16

@@ -149,6 +149,7 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
       .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
       .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
   zt_zero_cfg zc = *zero;
+  t->offload_files = zt_offload_uses(&zero->offload, ZT_PLACE_NVME);
   zc.param_dtype = m->dt;
   t->zero = zt_zero_new(&zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, e);
   free(group); /* the engine keeps a copy */
@@ -406,8 +407,9 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     piece_ctx pc = {.c = &c->optim, .m = m, .t = t->t - t->skipped, .gscale = gscale};
     uint64_t host_nonfinite = 0;
     rc = zt_zero_update(t->zero, &r, 1, update_piece, &pc, t->sums, &host_nonfinite, e);
-    /* an nvme file that fails (a full disk) stops every rank alike */
-    if (zt_zero_nvme_engine(t->zero) && (rc = zt_comm_agree(&g->world, rc, e))) return rc;
+    /* an nvme file that fails (a full disk) stops every rank alike; the
+     * policy is the same everywhere, so every rank takes part or none */
+    if (t->offload_files && (rc = zt_comm_agree(&g->world, rc, e))) return rc;
     st->lr = zt_lr_at(&c->optim.lr, pc.t - 1);
     m->be->copy(m->stream, &dev, t->sums, sizeof dev);
     m->be->stream_sync(m->stream);

@@ -8,7 +8,8 @@
 #  - ZeRO 0, 1, 2, 3 over dp 2 (fp32 and bf16; moments only, masters only);
 #    nvme at ZeRO 1 and 3;
 #  - tp 2, and pp 2 under 1F1B with a per-block policy (a function placing
-#    only some blocks' states, so a state is spread over several memories);
+#    only some blocks' states, so a state is spread over several memories)
+#    and with files on one stage only;
 #  - the remote backend (device memory the host cannot address);
 #  - a checkpoint written under cpu (asynchronously, with states spread
 #    over memories) resumes under device, nvme and the per-block policy as
@@ -44,6 +45,10 @@ NVME="offload = {dir = '$SW', master = 'nvme', moments = 'nvme'}"
 # nvme, cpu and device by block
 MIXED="offload = {dir = '$SW', place = function(g) if g.kind == 'params' or g.kind == 'grads' then return 'device' end"\
 " local b = g.block % 3 return b == 0 and 'nvme' or b == 1 and 'cpu' or 'device' end}"
+# the last pipeline stage's moments in files, the first stage's on the
+# device: only some ranks have a file
+STAGES="offload = {dir = '$SW', place = function(g) if g.kind == 'moments' and g.stage == 1 then return 'nvme' end"\
+" return g.kind == 'master' and g.block % 2 == 0 and 'cpu' or 'device' end}"
 BLOCKS='offload = function(g)'\
 ' if g.kind == "master" then return (g.block % 2 == 0 or g.name == "embedding") and "cpu" or "device" end'\
 ' if g.kind == "moments" then return (g.block % 2 == 1 or g.name == "head") and "cpu" or "device" end'\
@@ -70,6 +75,7 @@ layouts=(
   "z3|2|parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}; train.precision = 'bf16'|$CPU"
   "tp|2|parallel = {tp = 2}|offload = {master = 'cpu'}"
   "pp|2|parallel = {pp = 2}; schedule = zt.schedule.one_f_one_b{}; train.precision = 'bf16'|$BLOCKS"
+  "ppn|2|parallel = {pp = 2}; schedule = zt.schedule.one_f_one_b{}|$STAGES"
   "z1blk|2|parallel = {dp = 2, zero = 1}|$BLOCKS; checkpoint.async = true"
   "z1n|2|parallel = {dp = 2, zero = 1}; train.precision = 'fp16'|$NVME"
   "z3n|2|parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}|$NVME"
