@@ -433,7 +433,39 @@ local specs = {
 }
 
 local optional = { parallel = true, checkpoint = true }
-local globals = { "model", "parallel", "train", "data", "checkpoint", "schedule" }
+local globals = { "model", "parallel", "train", "data", "checkpoint", "schedule", "offload" }
+
+-- offload: a function (group) -> "device" | "cpu" | "nvme", or a table
+-- {dir =, place = function}, or the sugar {dir =, master = "cpu", ...}
+-- placing every group of a kind alike. C calls the function once per state
+-- group at plan time (src/config/offload_plan.c) and checks its answers.
+local placement = oneof("device", "cpu", "nvme")
+local function policy_fn(v)
+  if type(v) ~= "function" then return nil, "a function (group) returning \"device\", \"cpu\" or \"nvme\"" end
+  return v
+end
+local offload_spec = {
+  dir = { str }, place = { policy_fn },
+  params = { placement }, grads = { placement }, master = { placement }, moments = { placement },
+}
+local function resolve_offload(fail, o)
+  if o == nil then return nil end
+  if type(o) == "function" then return { place = o } end
+  if type(o) ~= "table" then
+    fail("offload must be a function (group) returning \"device\", \"cpu\" or \"nvme\", or a table "
+         .. "{dir = ..., place = function(group) ... end} or {dir = ..., master = \"cpu\", moments = ...}, got "
+         .. describe(o))
+  end
+  local c, msg = K.check(o, offload_spec, "offload")
+  if not c then fail(msg) end
+  local kinds = { params = c.params, grads = c.grads, master = c.master, moments = c.moments }
+  if c.place and next(kinds) then
+    fail("offload: give either place = function(group) ... end or placements per kind "
+         .. "(params, grads, master, moments), not both")
+  end
+  local place = c.place or function(group) return kinds[group.kind] or "device" end
+  return { dir = c.dir, place = place }
+end
 
 -- Forward FLOPs per token of one block and of the head (backward costs
 -- about twice either, so the ratio is what matters): the block's matmuls
@@ -585,7 +617,7 @@ function M._plan(script)
   for _, v in next, package.loaded do modules[v] = true end
   for k, v in next, _G do
     if type(k) == "string" and type(v) == "table" and not modules[v] and not specs[k]
-        and k ~= "model" and k ~= "schedule" and k ~= "zt" and getmetatable(v) ~= model_mt
+        and k ~= "model" and k ~= "schedule" and k ~= "offload" and k ~= "zt" and getmetatable(v) ~= model_mt
         and getmetatable(v) ~= lr_mt and getmetatable(v) ~= M.schedule.mt then
       unknown[#unknown + 1] = k
     end
@@ -626,6 +658,7 @@ function M._plan(script)
     if not c then fail(cmsg) end
     plan[name] = c
   end
+  plan.offload = resolve_offload(fail, _G.offload)
   local s, smsg = M.schedule._resolve(sched or M.schedule.one_f_one_b {})
   if not s then fail(smsg) end
   plan.schedule = s

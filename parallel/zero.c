@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/offload.h"
+
 /* One model state: flat elements [lo, hi) at p; `alias`: another state's
  * memory (PARAM is MASTER in fp32), not freed or counted twice. */
 typedef struct state_buf {
@@ -59,6 +61,10 @@ struct zt_zero {
   int64_t gbuf_elems;
 
   int64_t state_bytes, buffer_bytes; /* model states; gather + bucket buffers */
+
+  /* the policy offloads masters or moments: they live in this store */
+  zt_offload *off;
+  float *owned_scratch; /* zt_zero_owned_weights of state held in a file */
 };
 
 #define GRAD_BUFFERS 3   /* stage >= 2: two buckets in flight + the tied unit's */
@@ -149,6 +155,36 @@ static int alloc_state(zt_zero *z, zt_state_kind k, int whole, zt_dtype dt, zt_m
   return b->p != NULL;
 }
 
+/* The masters and moments in an offload store, over the range the
+ * optimizer updates (the whole buffer at stage 0, the shard from 1); the
+ * views point into it where a state lives in one memory. */
+static int offload_states(zt_zero *z, int separate, zt_err *e) {
+  int whole = z->cfg.stage == 0;
+  int64_t lo = whole ? 0 : z->lo, hi = whole ? z->numel : z->hi;
+  const state_buf *p = &z->st[ZT_STATE_PARAM];
+  zt_offload_layout lay = {.n_units = z->u.n, .start = z->u.start, .numel = z->u.numel,
+                           .lo = lo, .hi = hi,
+                           .param = (char *)p->p + (size_t)(lo - p->lo) * zt_dtype_size(p->dt),
+                           .param_dt = z->cfg.param_dtype, .master_is_param = z->cfg.param_dtype == ZT_F32,
+                           .rank = z->dp->world_ranks ? z->dp->world_ranks[z->dp->rank] : z->dp->rank};
+  z->off = zt_offload_new(&z->cfg.offload, &lay, z->be, z->stream, e);
+  if (!z->off) return e->code;
+  static const zt_state_kind kinds[ZT_OFF_STATES] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,
+                                                     ZT_STATE_EXP_AVG_SQ};
+  for (int s = 0; s < ZT_OFF_STATES; s++) {
+    state_buf *b = &z->st[kinds[s]];
+    *b = (state_buf){.lo = lo, .hi = hi, .dt = ZT_F32, .mem = ZT_MEM_DEVICE, .alias = 1};
+    b->p = zt_offload_state(z->off, s, &b->mem);
+  }
+  /* fp32 masters all on the device are PARAM, whole as the stage holds it */
+  if (!separate) z->st[ZT_STATE_MASTER] = z->st[ZT_STATE_PARAM];
+  int64_t bytes[ZT_PLACES];
+  zt_offload_bytes(z->off, bytes);
+  /* memory: device and pinned host, not the file */
+  z->state_bytes += bytes[ZT_PLACE_DEVICE] + bytes[ZT_PLACE_CPU];
+  return ZT_OK;
+}
+
 zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *stream,
                      zt_comm *dp, int64_t numel, const zt_zero_units *units, zt_err *e) {
   zt_zero *z = calloc(1, sizeof *z);
@@ -185,16 +221,29 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
   z->lo = z->displs[dp->rank];
   z->hi = z->lo + z->counts[dp->rank];
   int stage = cfg->stage, half = cfg->param_dtype != ZT_F32;
-  zt_mem_kind dev = ZT_MEM_DEVICE, place = cfg->placement;
-  /* the masters live where the policy places them, unless the passes
-   * compute with them (fp32): then on the device */
+  zt_mem_kind dev = ZT_MEM_DEVICE;
+  int offloaded = zt_offload_any(&cfg->offload, ZT_OFF_MASTER) ||
+                  zt_offload_any(&cfg->offload, ZT_OFF_MOMENTS) ||
+                  zt_offload_any(&cfg->offload, ZT_OFF_PARAMS) ||
+                  zt_offload_any(&cfg->offload, ZT_OFF_GRADS);
+  /* fp32 masters are the weights the passes compute with, unless the
+   * policy moves some of them off the device: then PARAM is their copy */
+  int separate = half || zt_offload_any(&cfg->offload, ZT_OFF_MASTER);
   int ok = alloc_state(z, ZT_STATE_PARAM, stage < 3, cfg->param_dtype, dev);
-  if (half) ok = ok && alloc_state(z, ZT_STATE_MASTER, stage == 0, ZT_F32, place);
-  else z->st[ZT_STATE_MASTER] = z->st[ZT_STATE_PARAM];
-  z->st[ZT_STATE_PARAM].alias = !half;
-  ok = ok && alloc_state(z, ZT_STATE_GRAD, stage < 2, ZT_F32, dev) &&
-       alloc_state(z, ZT_STATE_EXP_AVG, stage == 0, ZT_F32, place) &&
-       alloc_state(z, ZT_STATE_EXP_AVG_SQ, stage == 0, ZT_F32, place);
+  if (offloaded) {
+    ok = ok && alloc_state(z, ZT_STATE_GRAD, stage < 2, ZT_F32, dev);
+    if (ok && !(ok = offload_states(z, separate, e) == ZT_OK)) {
+      zt_zero_free(z);
+      return NULL;
+    }
+  } else {
+    if (half) ok = ok && alloc_state(z, ZT_STATE_MASTER, stage == 0, ZT_F32, dev);
+    else z->st[ZT_STATE_MASTER] = z->st[ZT_STATE_PARAM];
+    ok = ok && alloc_state(z, ZT_STATE_GRAD, stage < 2, ZT_F32, dev) &&
+         alloc_state(z, ZT_STATE_EXP_AVG, stage == 0, ZT_F32, dev) &&
+         alloc_state(z, ZT_STATE_EXP_AVG_SQ, stage == 0, ZT_F32, dev);
+  }
+  z->st[ZT_STATE_PARAM].alias = !separate;
   size_t cx = zt_dtype_size(cfg->param_dtype);
   if (ok && stage >= 2) {
     int n = units->n;
@@ -260,6 +309,8 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
 
 void zt_zero_free(zt_zero *z) {
   if (!z) return;
+  zt_offload_free(z->off);
+  free(z->owned_scratch);
   for (int k = 0; k < ZT_STATE_KINDS; k++)
     if (z->st[k].p && !z->st[k].alias) z->be->free(z->st[k].mem, z->st[k].p);
   for (int i = 0; z->bufs && i < z->n_bufs; i++) {
@@ -295,6 +346,10 @@ void zt_zero_free(zt_zero *z) {
 
 int zt_zero_stage(const zt_zero *z) { return z->cfg.stage; }
 
+const char *zt_zero_nvme_engine(const zt_zero *z) {
+  return z->off ? zt_offload_nvme_engine(z->off) : NULL;
+}
+
 zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind) {
   const state_buf *b = &z->st[kind];
   return (zt_state_view){.data = b->p, .lo = b->lo, .hi = b->hi, .dtype = b->dt, .mem = b->mem};
@@ -316,15 +371,21 @@ static void *param_at(const zt_zero *z, int64_t i) {
   return (char *)b->p + (size_t)(i - b->lo) * zt_dtype_size(b->dt);
 }
 
-void zt_zero_sync_params(zt_zero *z) {
-  if (param_is_master(z)) return;
+int zt_zero_sync_params(zt_zero *z, zt_err *e) {
+  if (param_is_master(z)) return ZT_OK;
   const state_buf *w = &z->st[ZT_STATE_MASTER];
-  z->be->convert(z->stream, z->cfg.param_dtype, param_at(z, w->lo), ZT_F32, w->p,
-                 (size_t)(w->hi - w->lo));
+  if (z->off) {
+    int rc = zt_offload_sync_params(z->off, e);
+    if (rc) return rc;
+  } else {
+    z->be->convert(z->stream, z->cfg.param_dtype, param_at(z, w->lo), ZT_F32, w->p,
+                   (size_t)(w->hi - w->lo));
+  }
   if (w->hi - w->lo < z->st[ZT_STATE_PARAM].hi - z->st[ZT_STATE_PARAM].lo) {
     z->be->stream_sync(z->stream); /* MPI reads it */
     zt_comm_allgather(z->dp, z->st[ZT_STATE_PARAM].p, z->counts, z->displs, z->cfg.param_dtype);
   }
+  return ZT_OK;
 }
 
 /* ---- stage >= 2: gradient buckets ------------------------------------- */
@@ -559,6 +620,45 @@ void zt_zero_grads_end(zt_zero *z, zt_zero_range *r) {
                        .m = z->st[ZT_STATE_EXP_AVG].p, .v = z->st[ZT_STATE_EXP_AVG_SQ].p,
                        .w16 = param_is_master(z) ? NULL : param_at(z, lo),
                        .dt16 = z->cfg.param_dtype};
+  if (z->off) r->w = r->m = r->v = NULL, r->w16 = NULL; /* reached through zt_zero_update */
+}
+
+int zt_zero_update(zt_zero *z, const zt_zero_range *r, int update, zt_update_fn fn, void *ctx,
+                   zt_step_sums *sums, uint64_t *host_nonfinite, zt_err *e) {
+  zt_update_exec x = {.be = z->be, .stream = z->stream, .sums = sums};
+  if (z->off) return zt_offload_step(z->off, r->g, update, fn, ctx, &x, host_nonfinite, e);
+  fn(ctx, &x, r);
+  return ZT_OK;
+}
+
+/* Offloaded state kinds and the store's state of each. */
+static int store_state(const zt_zero *z, zt_state_kind kind) {
+  if (!z->off || (kind == ZT_STATE_MASTER && param_is_master(z))) return -1;
+  return kind == ZT_STATE_MASTER ? ZT_OFF_W : kind == ZT_STATE_EXP_AVG ? ZT_OFF_M
+         : kind == ZT_STATE_EXP_AVG_SQ ? ZT_OFF_V : -1;
+}
+
+static int state_transfer(zt_zero *z, zt_state_kind kind, int64_t a, int64_t n, float *h,
+                          int to_host, zt_err *e) {
+  int s = store_state(z, kind);
+  if (s >= 0)
+    return to_host ? zt_offload_read(z->off, s, a, n, h, e) : zt_offload_write(z->off, s, a, n, h, e);
+  const state_buf *b = &z->st[kind];
+  float *p = (float *)b->p + (a - b->lo);
+  z->be->copy(z->stream, to_host ? (void *)h : (void *)p, to_host ? (void *)p : (void *)h,
+              (size_t)n * sizeof(float));
+  z->be->stream_sync(z->stream);
+  return ZT_OK;
+}
+
+int zt_zero_state_read(zt_zero *z, zt_state_kind kind, int64_t a, int64_t n, float *dst,
+                       zt_err *e) {
+  return state_transfer(z, kind, a, n, dst, 1, e);
+}
+
+int zt_zero_state_write(zt_zero *z, zt_state_kind kind, int64_t a, int64_t n, const float *src,
+                        zt_err *e) {
+  return state_transfer(z, kind, a, n, (float *)src, 0, e);
 }
 
 void zt_zero_params_sync(zt_zero *z) {
@@ -577,5 +677,13 @@ const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64
                                    int64_t *n) {
   *n = owned(z, z->dp->rank, a, b, from);
   if (!*n) return NULL;
-  return master(z) + (*from - z->st[ZT_STATE_MASTER].lo);
+  if (master(z)) return master(z) + (*from - z->st[ZT_STATE_MASTER].lo);
+  /* spread over several memories: a host copy */
+  zt_zero *zz = (zt_zero *)z;
+  zt_err e;
+  free(zz->owned_scratch);
+  zz->owned_scratch = malloc((size_t)*n * sizeof(float));
+  if (!zz->owned_scratch || zt_zero_state_read(zz, ZT_STATE_MASTER, *from, *n, zz->owned_scratch, &e))
+    return NULL;
+  return zz->owned_scratch;
 }

@@ -28,6 +28,7 @@
 
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
+#include "parallel/offload.h"
 #include "src/core/err.h"
 
 typedef struct zt_zero_cfg {
@@ -40,12 +41,12 @@ typedef struct zt_zero_cfg {
    * masters themselves. reduce_dtype: what gradients are summed in over dp
    * (ZT_F32, the default, or ZT_BF16 / ZT_F16: half the bytes, each partial
    * sum rounded to 16 bits); they are accumulated and kept in fp32 either
-   * way. The masters, gradients and AdamW moments are fp32. placement:
-   * where the masters and moments live (ZT_MEM_DEVICE; offload moves them
-   * to pinned host memory). */
+   * way. The masters, gradients and AdamW moments are fp32. offload:
+   * where each unit's masters and moments live (parallel/offload.h; all on
+   * the device when n_units is 0); the engine refuses other kinds. */
   zt_dtype param_dtype;
   zt_dtype reduce_dtype;
-  zt_mem_kind placement;
+  zt_offload_cfg offload;
 } zt_zero_cfg;
 
 typedef struct zt_zero_units {
@@ -75,7 +76,10 @@ typedef enum {
   ZT_STATE_KINDS
 } zt_state_kind;
 
-/* One state on this rank: flat elements [lo, hi), element lo at data. */
+/* One state on this rank: flat elements [lo, hi), element lo at data, in
+ * memory of kind mem. data is NULL where an offload policy spread the
+ * state over several memories or put it in a file: zt_zero_state_read
+ * and zt_zero_state_write then move its ranges to and from the host. */
 typedef struct zt_state_view {
   void *data;
   int64_t lo, hi;
@@ -87,12 +91,7 @@ typedef struct zt_state_view {
  * shard otherwise), every pointer at element lo: fp32 master weights,
  * summed gradients and moments; w16 is where the update writes the
  * weights rounded to param_dtype in the same pass (NULL in fp32). */
-typedef struct zt_zero_range {
-  int64_t lo, hi;
-  float *w, *g, *m, *v;
-  void *w16;
-  zt_dtype dt16;
-} zt_zero_range;
+typedef zt_update_range zt_zero_range;
 
 /* Allocates every state of the stage under cfg's policy (PARAM, MASTER,
  * GRAD, the moments: zeroed) and the buffers the stage needs; the caller
@@ -103,18 +102,29 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
 void zt_zero_free(zt_zero *z);
 
 int zt_zero_stage(const zt_zero *z);
+/* The NVMe engine of this rank's offload file (zt_nvme_engine_name), or
+ * NULL when the policy placed nothing on nvme. */
+const char *zt_zero_nvme_engine(const zt_zero *z);
 zt_state_view zt_zero_state(const zt_zero *z, zt_state_kind kind);
 /* This rank's shard [lo, hi) of the flat buffer (its ZeRO partition). */
 void zt_zero_shard(const zt_zero *z, int64_t *lo, int64_t *hi);
-/* Bytes of the model states (every buffer of zt_zero_state, once) and of
- * the gather and bucket buffers. */
+/* Bytes of the model states (every buffer of zt_zero_state, once: device
+ * and pinned host memory, not an offload file) and of the gather and
+ * bucket buffers. */
 void zt_zero_bytes(const zt_zero *z, int64_t *states, int64_t *buffers);
 
 /* PARAM made equal to MASTER after MASTER changed other than by an update
  * (initial values, a load): rounded to param_dtype and, at stages 1-2 in
  * 16 bits, all-gathered over dp (collective). Nothing in fp32 at stage
  * 0-2 or 3 (PARAM is MASTER). */
-void zt_zero_sync_params(zt_zero *z);
+int zt_zero_sync_params(zt_zero *z, zt_err *e);
+
+/* Flat elements [a, a + n) of state `kind` (fp32: MASTER or the moments,
+ * or GRAD) to or from host memory, wherever they live; synchronous. */
+int zt_zero_state_read(zt_zero *z, zt_state_kind kind, int64_t a, int64_t n, float *dst,
+                       zt_err *e);
+int zt_zero_state_write(zt_zero *z, zt_state_kind kind, int64_t a, int64_t n, const float *src,
+                        zt_err *e);
 
 /* Start of a micro-batch (resets per-micro-batch use counts). */
 void zt_zero_microbatch_begin(zt_zero *z);
@@ -140,6 +150,15 @@ void zt_zero_grads_begin(zt_zero *z);
 /* After the last micro-batch: finish the gradient reduction; *r is what
  * this rank's optimizer step updates. */
 void zt_zero_grads_end(zt_zero *z, zt_zero_range *r);
+/* Runs fn over range r (from zt_zero_grads_end) as the states' placement
+ * asks: at once on the model's stream when all of them are on the device,
+ * else piece by piece, offloaded pieces on the host (offload.h); with
+ * `update` their new weights go back to the device. fn's pieces count
+ * non-finite weights into their exec's sums: `sums` (device memory) for
+ * device pieces, *host_nonfinite for host ones. r's w, m, v and w16 are
+ * NULL when anything is offloaded: only the pieces reach them. */
+int zt_zero_update(zt_zero *z, const zt_zero_range *r, int update, zt_update_fn fn, void *ctx,
+                   zt_step_sums *sums, uint64_t *host_nonfinite, zt_err *e);
 /* After the optimizer: make every rank's PARAM current again (stages 1
  * and 2: all-gathered in param_dtype; at 0 and 3 the update wrote it). */
 void zt_zero_params_sync(zt_zero *z);

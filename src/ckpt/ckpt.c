@@ -58,9 +58,10 @@ float *zt_ckpti_state_at(const zt_ckpt_state *s, int which, int64_t *lo, int64_t
 }
 
 /* A state is host-addressable where the backend's device memory is host
- * memory, or where the policy placed it in host memory. */
+ * memory, or where the policy placed it in host memory, all of it in one
+ * buffer (an offload policy may spread it or put it in a file: data NULL). */
 static int host_addressable(const zt_ckpt_state *s, const zt_state_view *v) {
-  return s->m->be->host_visible || v->mem != ZT_MEM_DEVICE;
+  return v->data && (s->m->be->host_visible || v->mem != ZT_MEM_DEVICE);
 }
 
 int zt_ckpti_host_begin(zt_ckpt_state *ls, const zt_ckpt_state *s, zt_err *e) {
@@ -76,7 +77,9 @@ int zt_ckpti_host_begin(zt_ckpt_state *ls, const zt_ckpt_state *s, zt_err *e) {
       ok = 0;
       break;
     }
-    be->copy(s->m->stream, ls->host[k], v.data, bytes);
+    if (v.data) be->copy(s->m->stream, ls->host[k], v.data, bytes);
+    else if (zt_zero_state_read(s->z, state_kind[k], v.lo, v.hi - v.lo, ls->host[k], e))
+      return zt_ckpti_host_end(ls, 0), e->code;
   }
   be->stream_sync(s->m->stream); /* the host reads the copies next */
   if (ok) return ZT_OK;
@@ -90,7 +93,9 @@ void zt_ckpti_host_end(zt_ckpt_state *ls, int kinds) {
     if (!ls->host[k]) continue;
     if (k < kinds) {
       zt_state_view v = zt_zero_state(ls->z, state_kind[k]);
-      be->copy(ls->m->stream, v.data, ls->host[k], (size_t)(v.hi - v.lo) * sizeof(float));
+      zt_err e;
+      if (v.data) be->copy(ls->m->stream, v.data, ls->host[k], (size_t)(v.hi - v.lo) * sizeof(float));
+      else zt_zero_state_write(ls->z, state_kind[k], v.lo, v.hi - v.lo, ls->host[k], &e);
     }
   }
   be->stream_sync(ls->m->stream); /* before the copies' memory goes */
@@ -720,7 +725,11 @@ int zt_ckpt_async_start(zt_ckpt_async *a, const char *path, const zt_ckpt_state 
   for (int which = 0; which < 3; which++)
     for (int i = 0; i < np; i++) {
       zt_ckpti_counted_range(s, &m->params[i].t, &a0, &b0);
-      m->be->copy(m->stream, p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
+      const zt_tensor_desc *t = &m->params[i].t;
+      if (zt_zero_state(s->z, state_kind[which]).data || t->offset < 0)
+        m->be->copy(m->stream, p, live_piece(s, which, i), (size_t)(b0 - a0) * sizeof *p);
+      else if (b0 > a0) /* spread or in a file: read where it lives */
+        zt_zero_state_read(s->z, state_kind[which], t->offset + a0, b0 - a0, p, e);
       a->pieces[which * np + i] = p;
       p += b0 - a0;
     }

@@ -430,6 +430,18 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
          : rep->gemm.cpu > 0                  ? "the CPU peak below"
                                               : "not measured: log_every = 0");
   zt_report_print_gemm(&rep->gemm, stdout);
+  if (p->parallel.zero.offload.n_units) { /* per kind, where its bytes went (one rank of a stage) */
+    printf("offload:");
+    for (int k = 0; k < ZT_OFF_KINDS; k++) {
+      printf("%s %s", k ? " |" : "", zt_offload_kind_name((zt_offload_kind)k));
+      for (int q = 0; q < ZT_PLACES; q++)
+        if (p->parallel.offload_bytes[k][q])
+          printf(" %s %.2f MiB", zt_place_name((zt_place)q), p->parallel.offload_bytes[k][q] / 1048576.0);
+    }
+    const char *engine = zt_zero_nvme_engine(tr->zero);
+    if (engine) printf(" | nvme files in %s: %s", p->parallel.zero.offload.dir, engine);
+    printf("\n");
+  }
 }
 
 /* Every rank writes its part of the trace next to PATH; rank 0 joins

@@ -5,6 +5,7 @@
 #include "src/config/data_spec.h"
 #include "src/config/dsconfig.h"
 #include "src/config/pipeline.h"
+#include "src/config/offload_plan.h"
 
 #include <jansson.h>
 #include <lauxlib.h>
@@ -661,6 +662,7 @@ static char *plan_json(const zt_plan *p, const zt_dsconfig *ds) {
                                               ls->min_loss_scale, "consecutive_hysteresis",
                                               ls->consecutive_hysteresis)
                                   : json_real(ls->scale));
+  if (p->parallel.offload_json) json_object_set_new(par, "offload", zt_config_offload_json(p));
   /* the DeepSpeed config by path and the statements it became, to rerun */
   if (ds)
     json_object_set_new(root, "ds_config", json_pack("{s:s, s:s}", "path", ds->path, "lua", ds->lua));
@@ -768,7 +770,7 @@ int zt_config_load(zt_plan *p, const char *script, char **stmts, int nstmts,
   if (!rc) rc = check_batch(&p->train, p->parallel.dp, p->model.seq, e);
   p->model.sequence_parallel = p->parallel.sequence_parallel;
   if (!rc) rc = zt_model_sp_check(&p->model, p->train.micro_batch, p->parallel.tp, e);
-  if (!rc) rc = zt_config_pipeline(L, p, e);
+  if (!rc && !(rc = zt_config_pipeline(L, p, e))) rc = zt_config_offload(L, p, world_size > 0, e);
   if (!rc && world_size)
     memory_budget(&p->model.mem, p->parallel.dp, p->parallel.zero.stage);
   lua_close(L); /* runs the script's finalizers: the backstop still watches */
@@ -792,6 +794,7 @@ void zt_plan_free(zt_plan *p) {
   zt_data_spec_free(&p->data.train_spec);
   zt_data_spec_free(&p->data.val_spec);
   free(p->ckpt.dir);
+  zt_config_offload_free(p);
   free((void *)p->model.recompute);
   memset(p, 0, sizeof *p);
 }

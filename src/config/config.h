@@ -21,6 +21,11 @@ typedef struct zt_parallel_cfg {
   zt_zero_cfg zero;
   double timeout; /* watchdog, seconds */
   int sequence_parallel; /* copied to model.sequence_parallel */
+  /* offload (the policy's placements are in zero.offload): the groups'
+   * bytes per kind and placement on one rank of their stage, for the
+   * banner, and the record of every group's placement for the plan JSON */
+  int64_t offload_bytes[ZT_OFF_KINDS][ZT_PLACES];
+  char *offload_json;
 } zt_parallel_cfg;
 
 /* The pipeline: blocks of each virtual stage (pp * chunks, in pipeline

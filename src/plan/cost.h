@@ -85,7 +85,9 @@ typedef struct zt_hw {
   double nvme_bw;             /* per rank, bytes/s */
 } zt_hw;
 
-typedef enum { ZT_PLACE_DEVICE = 0, ZT_PLACE_CPU = 1, ZT_PLACE_NVME = 2 } zt_placement;
+/* Where masters and moments live: the offload engine's placements
+ * (parallel/offload.h, through config.h). */
+typedef zt_place zt_placement;
 
 /* What the step time depends on besides the model and the pipeline. */
 typedef struct zt_layout {

@@ -78,8 +78,8 @@ double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale) 
   return norm;
 }
 
-double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
-                       int64_t t, float gscale, zt_step_sums *sums) {
+double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_update_exec *x,
+                       const zt_optim_range *r, int64_t t, float gscale) {
   double lr = zt_lr_at(&c->lr, t - 1);
   zt_adamw_args args = {
       .b1 = (float)c->beta1, .c1 = (float)(1 - c->beta1),
@@ -91,31 +91,31 @@ double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_
   FOR_EACH_PIECE(m, r, tensor, a, n, {
     args.decay = (float)(1 - lr * (tensor->ndim >= 2 ? c->weight_decay : 0));
     void *p16 = r->w16 ? (char *)r->w16 + (size_t)a * zt_dtype_size(r->dt16) : NULL;
-    m->be->adamw(m->stream, r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args, sums, p16,
-                 r->dt16);
+    x->be->adamw(x->stream, r->w + a, r->g + a, r->m + a, r->v + a, (size_t)n, &args, x->sums,
+                 p16, r->dt16);
   })
   return lr;
 }
 
 /* Whether x[n] holds a non-finite element: counted on the device, read back. */
-static int any_nonfinite(const zt_model *m, const float *x, size_t n, zt_step_sums *scratch) {
+static int any_nonfinite(const zt_update_exec *x, const float *p, size_t n) {
   zt_step_sums h = {0};
-  m->be->memzero(m->stream, scratch, sizeof *scratch);
-  m->be->count_nonfinite(m->stream, scratch, x, n);
-  m->be->copy(m->stream, &h, scratch, sizeof h);
-  m->be->stream_sync(m->stream);
+  x->be->memzero(x->stream, x->sums, sizeof *x->sums);
+  x->be->count_nonfinite(x->stream, x->sums, p, n);
+  x->be->copy(x->stream, &h, x->sums, sizeof h);
+  x->be->stream_sync(x->stream);
   return h.nonfinite > 0;
 }
 
-int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r, zt_step_sums *scratch) {
+int zt_optim_first_nonfinite(const zt_model *m, const zt_update_exec *x, const zt_optim_range *r) {
   int np = m->n_params;
   FOR_EACH_PIECE(m, r, t, a, n, {
     (void)t;
-    if (any_nonfinite(m, r->w + a, (size_t)n, scratch)) return i_;
+    if (any_nonfinite(x, r->w + a, (size_t)n)) return i_;
   })
   FOR_EACH_PIECE(m, r, t, a, n, {
     (void)t;
-    if (any_nonfinite(m, r->g + a, (size_t)n, scratch)) return np + i_;
+    if (any_nonfinite(x, r->g + a, (size_t)n)) return np + i_;
   })
   return 2 * np;
 }

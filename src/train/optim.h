@@ -63,21 +63,22 @@ void zt_optim_sumsq(const zt_model *m, const zt_optim_range *r, int count_any,
  * zt_optim_update applies as it reads them. */
 double zt_optim_clip(const zt_optim_cfg *c, double global_sumsq, float *gscale);
 
-/* One AdamW update of the range at step `t` (1-based, after this update:
- * the count of applied updates, which skipped steps do not advance);
+/* One AdamW update of the range (or of a piece of it, as zt_zero_update
+ * hands them out) at step `t` (1-based, after this update: the count of
+ * applied updates, which skipped steps do not advance), run where x says;
  * returns the LR used. Weight decay applies to tensors of two or more
- * dimensions only. sums->nonfinite += the weights this update left
+ * dimensions only. x->sums->nonfinite += the weights this update left
  * non-finite (zt_optim_first_nonfinite then says where). With r->w16 the
  * range's weights rounded to r->dt16 are written there in the same pass. */
-double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_optim_range *r,
-                       int64_t t, float gscale, zt_step_sums *sums);
+double zt_optim_update(const zt_optim_cfg *c, const zt_model *m, const zt_update_exec *x,
+                       const zt_optim_range *r, int64_t t, float gscale);
 
-/* Where the range first holds a non-finite value, in parameter-table
- * order, weights before gradients: i for a weight of tensor i,
- * n_params + i for its gradient, 2 * n_params for none. A scan over the
- * range, reading back a count per tensor (scratch: device memory), that
- * only a failing step pays for. */
-int zt_optim_first_nonfinite(const zt_model *m, const zt_optim_range *r, zt_step_sums *scratch);
+/* Where the range (or piece) first holds a non-finite value, in
+ * parameter-table order, weights before gradients: i for a weight of
+ * tensor i, n_params + i for its gradient, 2 * n_params for none; the
+ * minimum over pieces is the range's answer. A scan reading back a count
+ * per tensor (x->sums as scratch), that only a failing step pays for. */
+int zt_optim_first_nonfinite(const zt_model *m, const zt_update_exec *x, const zt_optim_range *r);
 
 /* Test hook: sets one gradient element of the last tensor piece in the
  * range that counts towards the norm (as zt_optim_sumsq counts) to NaN;

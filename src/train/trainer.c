@@ -94,6 +94,36 @@ static void tied_grads(zt_trainer *t) {
   }
 }
 
+/* ---- the optimizer over the engine's pieces (offload runs some on the host) */
+
+typedef struct {
+  const zt_optim_cfg *c;
+  const zt_model *m;
+  int64_t t;
+  float gscale;
+  int first;
+} piece_ctx;
+
+static void update_piece(void *ctx, const zt_update_exec *x, const zt_zero_range *r) {
+  piece_ctx *p = ctx;
+  zt_optim_update(p->c, p->m, x, r, p->t, p->gscale);
+}
+
+static void scan_piece(void *ctx, const zt_update_exec *x, const zt_zero_range *r) {
+  piece_ctx *p = ctx;
+  int f = zt_optim_first_nonfinite(p->m, x, r);
+  if (f < p->first) p->first = f;
+}
+
+/* Where range r first holds a non-finite value (zt_optim_first_nonfinite). */
+static int first_nonfinite(zt_trainer *t, const zt_optim_range *r) {
+  piece_ctx p = {.m = t->model, .first = 2 * t->model->n_params};
+  uint64_t ignored = 0;
+  zt_err e;
+  zt_zero_update(t->zero, r, 0, scan_piece, &p, t->sums, &ignored, &e);
+  return p.first;
+}
+
 /* ---- setup ---------------------------------------------------------------- */
 
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
@@ -119,6 +149,7 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
       .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
       .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
   zt_zero_cfg zc = *zero;
+  t->offload_files = zt_offload_uses(&zero->offload, ZT_PLACE_NVME);
   zc.param_dtype = m->dt;
   t->zero = zt_zero_new(&zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, e);
   free(group); /* the engine keeps a copy */
@@ -126,7 +157,11 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   /* the initial weights, of the part of the masters this rank holds (at
    * ZeRO-3, and in 16 bits from ZeRO-1, its shard only) */
   zt_state_view w = zt_zero_state(t->zero, ZT_STATE_MASTER);
-  int rc = zt_model_init_weights(m, cfg->seed, w.data, w.lo, w.hi, e);
+  float *host = w.data ? NULL : malloc((size_t)(w.hi > w.lo ? w.hi - w.lo : 1) * sizeof *host);
+  if (!w.data && !host) return zt_err_set(e, ZT_ERUNTIME, "out of host memory for the initial weights");
+  int rc = zt_model_init_weights(m, cfg->seed, w.data ? w.data : host, w.lo, w.hi, e);
+  if (!rc && host) rc = zt_zero_state_write(t->zero, ZT_STATE_MASTER, w.lo, w.hi - w.lo, host, e);
+  free(host);
   if (rc) return rc;
   m->hooks = (zt_model_hooks){.ctx = t->zero, .before = hook_before, .after = hook_after};
   t->params_stale = 1; /* initial values or a load: rounded and gathered at the first pass */
@@ -197,7 +232,10 @@ static double run_batch(zt_trainer *t, zt_loader *ld, int64_t k, int backward, f
   batch_ctx b = {t, ld, k};
   if (t->piped) tied_refresh(t);
   if (t->params_stale) {
-    zt_zero_sync_params(t->zero);
+    zt_err e;
+    /* fails only reading an nvme file, which the step's own reads of
+     * the same file then report */
+    zt_zero_sync_params(t->zero, &e);
     t->params_stale = 0;
   }
   if (t->piped) {
@@ -258,7 +296,7 @@ static void bubbles(zt_trainer *t, zt_step_stats *st) {
 static void find_nonfinite(zt_trainer *t, const zt_optim_range *r, zt_step_stats *st) {
   const zt_model *m = t->model;
   int np = m->n_params;
-  double key = -(double)zt_optim_first_nonfinite(m, r, t->sums); /* the minimum, as a maximum */
+  double key = -(double)first_nonfinite(t, r); /* the minimum, as a maximum */
   zt_comm_allreduce(&t->grid->world, &key, 1, ZT_F64, ZT_MAX);
   int first = (int)-key;
   if (first < np)
@@ -366,12 +404,19 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
     m->be->memzero(m->stream, t->sums, sizeof *t->sums);
     /* AdamW writes the range's 16-bit weights in its own pass (r.w16);
      * params_sync gathers them where other ranks updated the rest */
-    st->lr = zt_optim_update(&c->optim, m, &r, t->t - t->skipped, gscale, t->sums);
+    piece_ctx pc = {.c = &c->optim, .m = m, .t = t->t - t->skipped, .gscale = gscale};
+    uint64_t host_nonfinite = 0;
+    rc = zt_zero_update(t->zero, &r, 1, update_piece, &pc, t->sums, &host_nonfinite, e);
+    /* an nvme file that fails (a full disk) stops every rank alike; the
+     * policy is the same everywhere, so every rank takes part or none */
+    if (t->offload_files && (rc = zt_comm_agree(&g->world, rc, e))) return rc;
+    st->lr = zt_lr_at(&c->optim.lr, pc.t - 1);
     m->be->copy(m->stream, &dev, t->sums, sizeof dev);
     m->be->stream_sync(m->stream);
+    dev.nonfinite += host_nonfinite;
     /* Finite gradients can still make non-finite weights (a huge learning
      * rate); they must stop the run before any checkpoint holds them. */
-    int first = dev.nonfinite ? zt_optim_first_nonfinite(m, &r, t->sums) : m->n_params;
+    int first = dev.nonfinite ? first_nonfinite(t, &r) : m->n_params;
     double key = -(first < m->n_params ? first : m->n_params);
     zt_comm_allreduce(&g->world, &key, 1, ZT_F64, ZT_MAX);
     if ((int)-key < m->n_params)

@@ -87,6 +87,9 @@ typedef struct zt_trainer {
   /* the engine's PARAM lags its masters (zt_zero_sync_params): after
    * initialisation and a load */
   int params_stale;
+  /* the offload policy puts some state in nvme files (on any rank): the
+   * update's outcome is agreed on, so that a failing file stops all */
+  int offload_files;
   int64_t tied_n;                 /* elements of this TP rank's embed.tokens */
   int *tied_counts, *tied_displs; /* what each dp rank of the first stage owns of it */
   float *tied_part;

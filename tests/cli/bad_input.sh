@@ -163,7 +163,7 @@ expect 2 "parallel.zero: unknown key 'bucket' (did you mean 'bucket_bytes'?)" 1 
   "$(base "parallel = {zero = {stage = 2, bucket = 1}}")"
 
 # A misspelt table, near a known name or not, is not ignored in silence.
-quick 2 "unknown global table 'datta' (did you mean 'data'?); ztrain reads only model, parallel, train, data, checkpoint, schedule; a table of your own must be local (local datta = {...})" \
+quick 2 "unknown global table 'datta' (did you mean 'data'?); ztrain reads only model, parallel, train, data, checkpoint, schedule, offload; a table of your own must be local (local datta = {...})" \
   "$(base "datta = {shuffle = false}")"
 quick 2 "unknown global table 'settings'; ztrain reads only" "$(base "settings = {steps = 5}")"
 # A headerless file of the other width: a hint, not zeros or a bare range error.
