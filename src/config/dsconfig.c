@@ -257,22 +257,26 @@ static int precision(ctx *c, const json_t *fp16, const json_t *bf16) {
   return ZT_OK;
 }
 
-static const char *const offload_why = "ztrain has no offload yet (the rest of issue 13)";
 static const known offload_keys[] = {
-    {"device", NULL},
-    {"nvme_path", "offload is off"}, {"pin_memory", "offload is off"}, {"buffer_count", "offload is off"},
-    {"buffer_size", "offload is off"}, {"max_in_cpu", "offload is off"}, {"fast_init", "offload is off"},
-    {"ratio", "offload is off"}, {"pipeline_read", "offload is off"}, {"pipeline_write", "offload is off"},
+    {"device", NULL}, {"nvme_path", NULL}, {"ratio", NULL},
+    {"pin_memory", "ztrain's host tier is always pinned memory"},
+    {"buffer_count", "ztrain's NVMe engine double-buffers one state group at a time"},
+    {"buffer_size", "ztrain's NVMe engine double-buffers one state group at a time"},
+    {"max_in_cpu", "ztrain places each state group whole"},
+    {"fast_init", "ztrain initialises offloaded states in place"},
+    {"pipeline_read", "ztrain's NVMe reads always overlap the update"},
+    {"pipeline_write", "ztrain's NVMe writes always overlap the update"},
     {0, 0}};
 static const known zero_keys[] = {
     {"stage", NULL}, {"overlap_comm", NULL}, {"reduce_bucket_size", NULL},
     {"offload_optimizer", NULL}, {"offload_param", NULL}, {"cpu_offload", NULL},
-    {"nvme_path", "offload is off"},
+    {"nvme_path", "the offload sections' nvme_path is the one read"},
     {"allgather_partitions", "ztrain's ZeRO gathers parameters with all-gathers always"},
     {"allgather_bucket_size", "ztrain's ZeRO-3 gathers one block's parameters at a time"},
     {"reduce_scatter", "ztrain's ZeRO stages 2-3 always reduce-scatter gradients"},
     {"contiguous_gradients", "ztrain's gradient buckets are contiguous already"},
-    {"round_robin_gradients", "a CPU-offload tuning; ztrain has no offload"},
+    {"round_robin_gradients", "a DeepSpeed CPU-offload copy order; ztrain copies each gradient shard "
+                              "as its reduction ends"},
     {"stage3_prefetch_bucket_size", "ztrain's ZeRO-3 prefetches the next block, not a byte budget"},
     {"stage3_param_persistence_threshold", "ztrain's ZeRO-3 partitions every parameter"},
     {"stage3_max_live_parameters", "ztrain's ZeRO-3 keeps at most two blocks gathered"},
@@ -287,21 +291,99 @@ static const known zero_keys[] = {
     {"use_multi_rank_bucket_allreduce", "ztrain reduces each bucket with one collective"},
     {0, 0}};
 
-static int offload(ctx *c, const char *path, const json_t *o) {
+/* s as a Lua string literal (a path may hold quotes or control bytes). */
+static void lua_string(sbuf *b, const char *s) {
+  sb_printf(b, "\"");
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') sb_printf(b, "\\%c", ch);
+    else if (ch < 0x20 || ch == 0x7f) sb_printf(b, "\\%03u", ch);
+    else sb_printf(b, "%c", ch);
+  }
+  sb_printf(b, "\"");
+}
+
+/* An offload section: *device becomes "cpu", "nvme" or NULL ("none"), and
+ * for nvme *dir its nvme_path. */
+static int offload(ctx *c, const char *path, const json_t *o, const char **device, const char **dir) {
   int rc;
+  *device = NULL;
   if ((rc = get_object(c, path, o)) || (rc = sweep(c, path, o, offload_keys))) return rc;
-  const json_t *d = json_object_get(o, "device");
-  char dpath[96];
-  snprintf(dpath, sizeof dpath, "%s.device", path);
-  if (!d || (json_is_string(d) && !strcmp(json_string_value(d), "none"))) {
-    sb_printf(&c->report, "  %s: \"none\": nothing to do\n", dpath);
+  const json_t *d = json_object_get(o, "device"), *v;
+  char kpath[128];
+  snprintf(kpath, sizeof kpath, "%s.device", path);
+  if (d && !json_is_string(d)) return bad(c, kpath, d, "\"none\", \"cpu\" or \"nvme\"");
+  const char *dev = d ? json_string_value(d) : "none";
+  if (strcmp(dev, "none") && strcmp(dev, "cpu") && strcmp(dev, "nvme"))
+    return bad(c, kpath, d, "\"none\", \"cpu\" or \"nvme\"");
+  if (!strcmp(dev, "none")) {
+    sb_printf(&c->report, "  %s: \"none\": nothing to do\n", kpath);
     return ZT_OK;
   }
-  if (json_is_string(d) && (!strcmp(json_string_value(d), "cpu") || !strcmp(json_string_value(d), "nvme")))
-    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: %s \"%s\" is refused: %s; use \"none\" "
-                      "(and ZeRO stage 3 or more ranks to fit the model)", c->file, dpath,
-                      json_string_value(d), offload_why);
-  return bad(c, dpath, d, "\"none\", \"cpu\" or \"nvme\"");
+  *device = !strcmp(dev, "cpu") ? "cpu" : "nvme";
+  snprintf(kpath, sizeof kpath, "%s.ratio", path);
+  double ratio = 1;
+  if ((v = json_object_get(o, "ratio")) && (rc = get_num(c, kpath, v, 0, 1, &ratio))) return rc;
+  if (ratio != 1)
+    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: %s %s is refused: ztrain places whole state "
+                      "groups, not a fraction of the optimizer; use 1, or place some blocks on "
+                      "\"%s\" with an offload function in the script (docs/script.md, Offload)",
+                      c->file, kpath, num(ratio), *device);
+  snprintf(kpath, sizeof kpath, "%s.nvme_path", path);
+  v = json_object_get(o, "nvme_path");
+  if (!strcmp(*device, "cpu")) {
+    if (v) sb_printf(&c->report, "  %s: ignored: device is \"cpu\"\n", kpath);
+    return ZT_OK;
+  }
+  if (!v || !json_is_string(v) || !*json_string_value(v))
+    return v ? bad(c, kpath, v, "a directory path") :
+           zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: %s.device \"nvme\" needs %s, the directory "
+                      "the offloaded states are written to", c->file, path, kpath);
+  if (*dir && strcmp(*dir, json_string_value(v)))
+    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: the offload sections name two nvme_path "
+                      "directories, \"%s\" and \"%s\"; ztrain keeps a run's NVMe state in one",
+                      c->file, *dir, json_string_value(v));
+  *dir = json_string_value(v);
+  return ZT_OK;
+}
+
+/* The offload sections as one `offload = {...}` statement: the optimizer's
+ * states are its fp32 masters and moments, DeepSpeed's offload_param the
+ * (ZeRO-3) parameters. */
+static int offloads(ctx *c, const json_t *z) {
+  const char *opt = NULL, *par = NULL, *dir = NULL;
+  const json_t *v;
+  int rc;
+  if ((v = json_object_get(z, "offload_optimizer")) &&
+      (rc = offload(c, "zero_optimization.offload_optimizer", v, &opt, &dir)))
+    return rc;
+  if ((v = json_object_get(z, "offload_param")) &&
+      (rc = offload(c, "zero_optimization.offload_param", v, &par, &dir)))
+    return rc;
+  if ((v = json_object_get(z, "cpu_offload"))) { /* the old spelling of offload_optimizer cpu */
+    int on = 0;
+    if ((rc = get_bool(c, "zero_optimization.cpu_offload", v, &on))) return rc;
+    if (on && opt && strcmp(opt, "cpu"))
+      return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.cpu_offload true and "
+                        "offload_optimizer.device \"%s\" disagree; keep one", c->file, opt);
+    if (on) opt = "cpu";
+  }
+  if (!opt && !par) return ZT_OK;
+  sbuf t = {0};
+  sb_printf(&t, "offload = {");
+  if (dir) {
+    sb_printf(&t, "dir = ");
+    lua_string(&t, dir);
+    sb_printf(&t, ", ");
+  }
+  if (opt) sb_printf(&t, "master = \"%s\", moments = \"%s\"%s", opt, opt, par ? ", " : "");
+  if (par) sb_printf(&t, "params = \"%s\"", par);
+  sb_printf(&t, "}");
+  const char *from = opt && par ? "zero_optimization.offload_optimizer, offload_param"
+                     : opt ? "zero_optimization.offload_optimizer" : "zero_optimization.offload_param";
+  map(c, from, "%s", t.s ? t.s : "");
+  free(t.s);
+  return ZT_OK;
 }
 
 static int zero(ctx *c, const json_t *z) {
@@ -309,17 +391,7 @@ static int zero(ctx *c, const json_t *z) {
   if ((rc = get_object(c, "zero_optimization", z)) || (rc = sweep(c, "zero_optimization", z, zero_keys)))
     return rc;
   const json_t *v;
-  if ((v = json_object_get(z, "offload_optimizer")) && (rc = offload(c, "zero_optimization.offload_optimizer", v)))
-    return rc;
-  if ((v = json_object_get(z, "offload_param")) && (rc = offload(c, "zero_optimization.offload_param", v)))
-    return rc;
-  if ((v = json_object_get(z, "cpu_offload"))) {
-    int on = 0;
-    if ((rc = get_bool(c, "zero_optimization.cpu_offload", v, &on))) return rc;
-    if (on)
-      return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.cpu_offload true is refused: "
-                        "%s; use false", c->file, offload_why);
-  }
+  if ((rc = offloads(c, z))) return rc;
   sbuf t = {0};
   int64_t stage = 0, bucket = 0;
   int overlap = 0;
@@ -535,7 +607,8 @@ static int checkpointing(ctx *c, const json_t *a) {
   if (v && (rc = get_bool(c, "activation_checkpointing.cpu_checkpointing", v, &on))) return rc;
   if (on)
     return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: activation_checkpointing.cpu_checkpointing true "
-                      "is refused: %s; use false", c->file, offload_why);
+                      "is refused: ztrain keeps activations on the device (recomputation is its way to save "
+                      "their memory); use false", c->file);
   map(c, "activation_checkpointing", "train.recompute = \"full\"");
   return ZT_OK;
 }
@@ -558,7 +631,7 @@ static const known top_keys[] = {
     {"comms_logger", "ztrain's --trace shows every collective"},
     {"dump_state", "ztrain's banner shows the plan"},
     {"sparse_gradients", "ztrain's embedding gradients are dense"},
-    {"zero_force_ds_cpu_optimizer", "ztrain has no offload yet"},
+    {"zero_force_ds_cpu_optimizer", "ztrain's host AdamW is its one CPU optimizer"},
     {"seed", "set train.seed in the script (DeepSpeed itself does not read it)"},
     {0, 0}};
 

@@ -140,8 +140,16 @@ refused '{"zero_optimization": {"stage": "two"}}' 'zero_optimization.stage must 
 refused '{"fp16": {"enabled": "yes"}}' 'fp16.enabled must be true or false, got "yes"'
 refused '{"gradient_clipping": 1.0,
   "fp16": {"enabled": true,}}' 'not valid JSON at line 2, column'
-refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}' \
-  'zero_optimization.offload_optimizer.device "cpu" is refused: ztrain has no offload yet'
+refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}' \
+  'zero_optimization.offload_optimizer.ratio 0.3 is refused: ztrain places whole state groups'
+refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}' \
+  'zero_optimization.offload_optimizer.device "nvme" needs zero_optimization.offload_optimizer.nvme_path'
+refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}}' \
+  'zero_optimization.offload_optimizer.device must be "none", "cpu" or "nvme", got "gpu"'
+refused '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
+  "offload_param": {"device": "nvme", "nvme_path": "/b"}}}' 'the offload sections name two nvme_path directories'
+refused '{"activation_checkpointing": {"cpu_checkpointing": true}}' \
+  'activation_checkpointing.cpu_checkpointing true is refused: ztrain keeps activations on the device'
 refused '{"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}}' 'optimizer.type must be "AdamW" or "Adam"'
 refused '{"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4}}}' 'scheduler.type "OneCycle" is refused'
 refused '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -5}}}' \
