@@ -348,8 +348,8 @@ static int offload(ctx *c, const char *path, const json_t *o, const char **devic
 }
 
 /* The offload sections as one `offload = {...}` statement: the optimizer's
- * states are its fp32 masters and moments, DeepSpeed's offload_param the
- * (ZeRO-3) parameters. */
+ * states are its fp32 masters and moments; DeepSpeed's offload_param (the
+ * ZeRO-3 parameters) is refused, as the engine keeps PARAM on the device. */
 static int offloads(ctx *c, const json_t *z) {
   const char *opt = NULL, *par = NULL, *dir = NULL;
   const json_t *v;
@@ -360,6 +360,11 @@ static int offloads(ctx *c, const json_t *z) {
   if ((v = json_object_get(z, "offload_param")) &&
       (rc = offload(c, "zero_optimization.offload_param", v, &par, &dir)))
     return rc;
+  if (par) /* ZeRO-Infinity's parameter tier: the engine keeps PARAM on the device */
+    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.offload_param.device \"%s\" "
+                      "is refused: ztrain offloads the optimizer's states (fp32 masters and moments) "
+                      "but keeps parameters and gradients on the device; use \"none\", and "
+                      "offload_optimizer to move the larger part", c->file, par);
   if ((v = json_object_get(z, "cpu_offload"))) { /* the old spelling of offload_optimizer cpu */
     int on = 0;
     if ((rc = get_bool(c, "zero_optimization.cpu_offload", v, &on))) return rc;
@@ -368,7 +373,7 @@ static int offloads(ctx *c, const json_t *z) {
                         "offload_optimizer.device \"%s\" disagree; keep one", c->file, opt);
     if (on) opt = "cpu";
   }
-  if (!opt && !par) return ZT_OK;
+  if (!opt) return ZT_OK;
   sbuf t = {0};
   sb_printf(&t, "offload = {");
   if (dir) {
@@ -376,11 +381,8 @@ static int offloads(ctx *c, const json_t *z) {
     lua_string(&t, dir);
     sb_printf(&t, ", ");
   }
-  if (opt) sb_printf(&t, "master = \"%s\", moments = \"%s\"%s", opt, opt, par ? ", " : "");
-  if (par) sb_printf(&t, "params = \"%s\"", par);
-  sb_printf(&t, "}");
-  const char *from = opt && par ? "zero_optimization.offload_optimizer, offload_param"
-                     : opt ? "zero_optimization.offload_optimizer" : "zero_optimization.offload_param";
+  sb_printf(&t, "master = \"%s\", moments = \"%s\"}", opt, opt);
+  const char *from = "zero_optimization.offload_optimizer";
   map(c, from, "%s", t.s ? t.s : "");
   free(t.s);
   return ZT_OK;

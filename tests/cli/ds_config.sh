@@ -94,6 +94,26 @@ d = json.loads(h5py.File('ds1.h5', 'r').attrs['plan']).get('ds_config', {})
 sys.exit(0 if d.get('path') == 'ds.json' and 'train.global_batch = 8' in d.get('lua', '') else 1)" && ok ||
   bad "the checkpoint's plan does not record ds_config"
 
+# DeepSpeed's optimizer offload to NVMe is the Lua offload table: the same
+# run (offload is bitwise equal to the device placement), the mapping shown,
+# every master and moment group recorded on nvme
+mkdir -p nvme
+/usr/bin/python3 -c "
+import json; d = json.load(open('ds.json'))
+d['zero_optimization']['offload_optimizer'] = {'device': 'nvme', 'nvme_path': 'nvme', 'pin_memory': True}
+json.dump(d, open('dsoff.json', 'w'))"
+run dsoff 1 --ds-config dsoff.json run.lua --save dsoff.h5
+same dsoff.jsonl hand1.jsonl && ok || bad "offload_optimizer nvme: losses differ from the device run"
+grep -qF 'zero_optimization.offload_optimizer -> offload = {dir = "nvme", master = "nvme", moments = "nvme"}' dsoff.txt &&
+  grep -q 'offload_optimizer.pin_memory: ignored: ' dsoff.txt && ok || bad "the offload mapping is not shown"
+/usr/bin/python3 -c "
+import h5py, json, sys
+g = json.loads(h5py.File('dsoff.h5', 'r').attrs['plan'])['parallel']['offload']['groups']
+kinds = {(x['kind'], x['place']) for x in g if x['kind'] in ('master', 'moments')}
+sys.exit(0 if kinds == {('master', 'nvme'), ('moments', 'nvme')} else 1)" && ok ||
+  bad "the plan does not record the masters and moments on nvme"
+[ -z "$(ls -A nvme)" ] && ok || bad "offload files left in nvme/: $(ls nvme)"
+
 # (2) two ranks: "auto" micro batch = 8 / (2 accumulation * dp 2) = 2
 hand 2 > hand2.lua
 run ds2 2 --ds-config ds.json run.lua
@@ -148,6 +168,8 @@ refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu
   'zero_optimization.offload_optimizer.device must be "none", "cpu" or "nvme", got "gpu"'
 refused '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
   "offload_param": {"device": "nvme", "nvme_path": "/b"}}}' 'the offload sections name two nvme_path directories'
+refused '{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}' \
+  'zero_optimization.offload_param.device "cpu" is refused: ztrain offloads the optimizer'"'"'s states'
 refused '{"activation_checkpointing": {"cpu_checkpointing": true}}' \
   'activation_checkpointing.cpu_checkpointing true is refused: ztrain keeps activations on the device'
 refused '{"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}}' 'optimizer.type must be "AdamW" or "Adam"'
