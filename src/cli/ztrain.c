@@ -440,10 +440,11 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
 }
 
 /* Each rank's measured peak (its resident high-water mark less the empty
- * process, both read here: /proc/self/status) against its plan, printed
- * by rank 0 one line per rank. Before a final save, whose staging is not
- * training's. Collective over world. */
-static void report_memory(zt_comm *world, int64_t base_rss, const zt_memplan *mp) {
+ * process, /proc/self/status) against its plan, reported by rank 0 (one
+ * line per rank, a metrics record). Before a final save, whose staging is
+ * not training's. Collective over world. */
+static void report_memory(zt_comm *world, zt_report *rep, int64_t base_rss,
+                          const zt_memplan *mp) {
   int64_t rss, hwm;
   zt_rss_read(&rss, &hwm);
   int n = world->size;
@@ -453,17 +454,7 @@ static void report_memory(zt_comm *world, int64_t base_rss, const zt_memplan *mp
   v[3 * world->rank + 1] = (double)hwm;
   v[3 * world->rank + 2] = (double)mp->peak_bytes;
   zt_comm_allreduce(world, v, (size_t)3 * n, ZT_F64, ZT_SUM);
-  for (int r = 0; world->rank == 0 && r < n; r++) {
-    double base = v[3 * r], peak = v[3 * r + 1], plan = v[3 * r + 2], used = peak - base;
-    if (base < 0 || peak < 0) {
-      printf("memory rank %d: not measured (no /proc/self/status)\n", r);
-      continue;
-    }
-    printf("memory rank %d: peak %.1f MiB above the empty process (high-water mark %.1f MiB, "
-           "baseline %.1f MiB), planned %.1f MiB (measured/planned %.3f)\n",
-           r, used / 1048576.0, peak / 1048576.0, base / 1048576.0, plan / 1048576.0,
-           plan > 0 ? used / plan : 0.0);
-  }
+  zt_report_memory(rep, n, v);
   free(v);
 }
 
@@ -573,7 +564,7 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
                        grid.pp_rank, &stage, e);
   /* the planner's estimate of this rank against the memory it may use */
   zt_memplan mplan = {0};
-  if (!rc) rc = zt_memplan_check(&plan, world->rank, omp_get_max_threads(), e);
+  if (!rc) rc = zt_memplan_check(&plan, world->rank, omp_get_max_threads(), be->host_visible, e);
   if (!rc) rc = zt_memplan_rank(&plan, world->rank, omp_get_max_threads(), &mplan, e);
   /* the empty process: MPI, Lua, the BLAS and the data files up, nothing
    * of the model; the peak from here on is what the plan estimates */
@@ -688,7 +679,7 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
     }
     if (stop) break;
   }
-  if (!rc && grid_up) report_memory(world, base_rss, &mplan);
+  if (!rc && grid_up) report_memory(world, &rep, base_rss, &mplan);
   zt_err bg_err = {0};
   int bg_rc = zt_ckpt_async_wait(&bg, &bg_err); /* before anything else touches HDF5 */
   if (!rc && bg_rc) rc = bg_rc, *e = bg_err;

@@ -195,12 +195,20 @@ void zt_memplan_print(const zt_memplan *m, int first, int last, FILE *f) {
   fprintf(f, "  %-12s %12s %12s %12s  peak of this process: %s\n", "total", c[0], c[1], c[2], pk);
 }
 
-int zt_memplan_check(const zt_plan *p, int rank, int threads, zt_err *e) {
+/* What the process holds in host memory, the budget's kind. */
+static int64_t host_need(int device_is_host, const zt_memplan *m) {
+  return device_is_host ? m->peak[ZT_PLACE_DEVICE] + m->peak[ZT_PLACE_HOST]
+                        : m->peak[ZT_PLACE_HOST];
+}
+
+int zt_memplan_check(const zt_plan *p, int rank, int threads, int device_is_host, zt_err *e) {
   const zt_mem_budget *b = &p->model.mem;
   if (b->avail <= 0) return ZT_OK;
   zt_memplan m;
   int rc = zt_memplan_rank(p, rank, threads, &m, e);
-  if (rc || m.peak_bytes <= b->avail) return rc;
+  /* the budget is host memory: what the process holds there (on a GPU
+   * backend the device's memory is the device's business) */
+  if (rc || host_need(device_is_host, &m) <= b->avail) return rc;
   const double gib = 1073741824.0;
   char fit[400] = "";
   size_t n = 0;
@@ -209,9 +217,9 @@ int zt_memplan_check(const zt_plan *p, int rank, int threads, zt_err *e) {
     zt_memplan t;
     zt_err e2 = {0};
     q.train.micro_batch = mb;
-    if (!zt_memplan_rank(&q, rank, threads, &t, &e2) && t.peak_bytes <= b->avail) {
+    if (!zt_memplan_rank(&q, rank, threads, &t, &e2) && host_need(device_is_host, &t) <= b->avail) {
       n += (size_t)snprintf(fit + n, sizeof fit - n, "train.micro_batch = %d would fit (%.2f GiB); ",
-                            mb, t.peak_bytes / gib);
+                            mb, host_need(device_is_host, &t) / gib);
       break;
     }
   }
@@ -220,10 +228,11 @@ int zt_memplan_check(const zt_plan *p, int rank, int threads, zt_err *e) {
     zt_memplan t;
     zt_err e2 = {0};
     q.parallel.zero.stage = z;
-    if (!zt_memplan_rank(&q, rank, threads, &t, &e2) && t.peak_bytes <= b->avail) {
+    if (!zt_memplan_rank(&q, rank, threads, &t, &e2) && host_need(device_is_host, &t) <= b->avail) {
       n += (size_t)snprintf(fit + n, sizeof fit - n,
                             "parallel.zero = %d would fit (%.2f GiB: the states split over the %d "
-                            "data-parallel ranks); ", z, t.peak_bytes / gib, p->parallel.dp);
+                            "data-parallel ranks); ", z, host_need(device_is_host, &t) / gib,
+                            p->parallel.dp);
       break;
     }
   }
@@ -235,12 +244,13 @@ int zt_memplan_check(const zt_plan *p, int rank, int threads, zt_err *e) {
                m.bytes[ZT_MEM_GRADS][1], opt = 0;
   for (int k = 0; k < ZT_PLACES; k++)
     opt += m.bytes[ZT_MEM_MASTERS][k] + m.bytes[ZT_MEM_MOMENTS][k];
-  int64_t acts = m.bytes[ZT_MEM_ACTS][0], rest = m.peak_bytes - st - opt - acts;
+  int64_t need = host_need(device_is_host, &m);
+  int64_t acts = m.bytes[ZT_MEM_ACTS][0], rest = need - st - opt - acts;
   return zt_err_set(e, ZT_EINPUT,
                     "the model does not fit in memory: it needs %.2f GiB per rank (rank %d: "
                     "weights and gradients %.2f GiB, fp32 masters and AdamW moments %.2f GiB, "
                     "activations for micro_batch %d: %.2f GiB, buffers and workspace %.2f GiB) "
                     "but %.2f GiB is available (%s); %s",
-                    m.peak_bytes / gib, rank, st / gib, opt / gib, p->train.micro_batch,
+                    need / gib, rank, st / gib, opt / gib, p->train.micro_batch,
                     acts / gib, rest / gib, b->avail / gib, b->source, fit);
 }

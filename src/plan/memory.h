@@ -55,10 +55,12 @@ typedef struct zt_memplan {
  * OpenMP threads per rank. ZT_EINPUT for a layout the model refuses. */
 int zt_memplan_rank(const zt_plan *p, int rank, int threads, zt_memplan *out, zt_err *e);
 
-/* Refuses (ZT_EINPUT) a rank whose planned peak exceeds the memory it may
- * use (p->model.mem; avail 0: no check), saying what needs what, what is
- * available, and what would fit (a micro-batch, a ZeRO stage). */
-int zt_memplan_check(const zt_plan *p, int rank, int threads, zt_err *e);
+/* Refuses (ZT_EINPUT) a rank whose planned peak in host memory exceeds
+ * the memory it may use (p->model.mem; avail 0: no check), saying what
+ * needs what, what is available, and what would fit (a micro-batch, a
+ * ZeRO stage). device_is_host: the backend's device memory is host memory
+ * (the CPU backend's; zt_backend.host_visible), so it counts too. */
+int zt_memplan_check(const zt_plan *p, int rank, int threads, int device_is_host, zt_err *e);
 
 /* The row's name in tables and JSON. */
 const char *zt_memplan_row_name(zt_mem_row r);
