@@ -69,9 +69,17 @@ int zt_plan_main(int argc, char **argv) {
       case 'j': json = 1; break;
       case 'D': ds_path = optarg; break;
       case 'w': world_search = 1; break;
-      case 'm': break;
-      case 'T': lim.seconds = atof(optarg); break;
-      case 'M': lim.mib = atof(optarg); break;
+      case 'm': world_search = 1; break; /* the search's too */
+      case 'T':
+      case 'M': { /* as ztrain's: finite, > 0, memory above what Lua itself needs */
+        char *end;
+        double v = strtod(optarg, &end), low = c == 'M' ? 4 : 0;
+        if (end == optarg || *end || !(v > low) || v > 1e12)
+          rc = zt_err_set(&e, ZT_EINPUT, "--script-%s needs a number above %g (at most 1e12), "
+                          "got '%s'", c == 'M' ? "memory" : "timeout", low, optarg);
+        *(c == 'M' ? &lim.mib : &lim.seconds) = v;
+        break;
+      }
       case 'h':
         fputs(plan_usage, stdout);
         free(stmts);
@@ -83,7 +91,7 @@ int zt_plan_main(int argc, char **argv) {
     }
   }
   if (!rc && world_search)
-    rc = zt_err_set(&e, ZT_EINPUT, "--world (the layout search) is not built yet; "
+    rc = zt_err_set(&e, ZT_EINPUT, "--world and --mem-per-rank (the layout search) are not built yet; "
                     "ztrain plan SCRIPT.lua plans the script's own layout");
   if (!rc && optind != argc - 1)
     rc = zt_err_set(&e, ZT_EINPUT, "one script expected, got %d arguments; see ztrain plan --help",
@@ -123,7 +131,7 @@ int zt_plan_main(int argc, char **argv) {
     for (int r = 0; r < world;) {
       int last = r;
       while (last + 1 < world && zt_memplan_same(&ranks[r], &ranks[last + 1])) last++;
-      zt_memplan_print(&ranks[r], r, last, stdout);
+      zt_memplan_print(&ranks[r], last, stdout);
       r = last + 1;
     }
     printf("(the process's own memory before the model — MPI, Lua, the BLAS — is not counted: "

@@ -177,12 +177,12 @@ static void size_str(int64_t b, char *s, size_t n) {
   else snprintf(s, n, "%.2f GiB", (double)b / 1073741824.0);
 }
 
-void zt_memplan_print(const zt_memplan *m, int first, int last, FILE *f) {
-  char head[64];
-  if (first == last) snprintf(head, sizeof head, "rank %d", first);
-  else snprintf(head, sizeof head, "ranks %d-%d", first, last);
-  fprintf(f, "%s (stage %d, tp rank %d%s):\n", head, m->pp_rank, m->tp_rank,
-          first == last ? "" : ", alike over their dp ranks");
+void zt_memplan_print(const zt_memplan *m, int last, FILE *f) {
+  if (m->rank == last)
+    fprintf(f, "rank %d (stage %d, dp rank %d, tp rank %d):\n", m->rank, m->pp_rank, m->dp_rank,
+            m->tp_rank);
+  else
+    fprintf(f, "ranks %d-%d (stage %d; each holds this):\n", m->rank, last, m->pp_rank);
   fprintf(f, "  %-12s %12s %12s %12s  %s\n", "", "device", "host", "nvme", "what");
   for (int r = 0; r < ZT_MEM_ROWS; r++) {
     char c[ZT_PLACES][32];

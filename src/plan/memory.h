@@ -69,8 +69,8 @@ const char *zt_memplan_row_name(zt_mem_row r);
  * placement and the breakdown (row -> {device, host, nvme, detail}). */
 json_t *zt_memplan_json(const zt_memplan *m);
 
-/* A table of ranks first..last (alike), in MiB/GiB, with the peak. */
-void zt_memplan_print(const zt_memplan *m, int first, int last, FILE *f);
+/* A table of ranks m->rank..last (alike), in MiB/GiB, with the peak. */
+void zt_memplan_print(const zt_memplan *m, int last, FILE *f);
 
 /* Whether two ranks' breakdowns are the same (to print one table for both). */
 int zt_memplan_same(const zt_memplan *a, const zt_memplan *b);

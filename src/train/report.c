@@ -146,7 +146,6 @@ void zt_report_eval(zt_report *r, int64_t step, double val_loss) {
 
 void zt_report_memory(zt_report *r, int n, const double *m) {
   if (!r->active) return;
-  json_t *list = json_array();
   for (int k = 0; k < n; k++) {
     double base = m[3 * k], hwm = m[3 * k + 1], plan = m[3 * k + 2], used = hwm - base;
     if (base < 0 || hwm < 0) {
@@ -157,13 +156,8 @@ void zt_report_memory(zt_report *r, int n, const double *m) {
            "baseline %.1f MiB), planned %.1f MiB (measured/planned %.3f)\n",
            k, used / 1048576.0, hwm / 1048576.0, base / 1048576.0, plan / 1048576.0,
            plan > 0 ? used / plan : 0.0);
-    json_array_append_new(list, json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", k,
-                                          "baseline_bytes", (json_int_t)base, "hwm_bytes",
-                                          (json_int_t)hwm, "peak_bytes", (json_int_t)used,
-                                          "planned_bytes", (json_int_t)plan));
   }
   fflush(stdout);
-  write_json(r, json_pack("{s:o}", "memory", list));
 }
 
 void zt_report_close(zt_report *r) {

@@ -53,9 +53,8 @@ void zt_report_step(zt_report *r, const zt_step_stats *st);
 void zt_report_eval(zt_report *r, int64_t step, double val_loss);
 /* Each of n ranks' peak memory against its plan, m[3*rank ..]: the empty
  * process's resident set, the resident high-water mark (both bytes, < 0:
- * not measured) and the planned peak: one line per rank, and one metrics
- * record {"memory": [{rank, baseline_bytes, hwm_bytes, peak_bytes,
- * planned_bytes}, ...]} (no "step": readers of steps pass it by). */
+ * not measured) and the planned peak: one line per rank on stdout (the
+ * metrics file stays one record per step: its readers count on it). */
 void zt_report_memory(zt_report *r, int n, const double *m);
 void zt_report_close(zt_report *r);
 

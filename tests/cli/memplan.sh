@@ -31,7 +31,7 @@ TIED='zt.gpt{vocab = 4096, seq = 128, dim = 512, layers = 4, heads = 8, tied = t
 LLAMA='zt.llama{vocab = 4096, seq = 128, dim = 512, layers = 4, heads = 8, kv_heads = 4, ffn_dim = 1024}'
 # the command's own bad input: one message, exit 2
 printf 'local zt = require "ztrain"\nmodel = %s\ndata = {train = "%s/tok.bin"}\n' "$GPT" "$W" > s.lua
-for args in "--world 8 s.lua|--world (the layout search) is not built yet" \
+for args in "--world 8 s.lua|--world and --mem-per-rank (the layout search) are not built yet" \
             "--bogus s.lua|unknown option '--bogus'" "missing.lua|missing.lua"; do
   rc=0
   "$Z" plan ${args%%|*} > o.txt 2> e.txt || rc=$?
