@@ -122,12 +122,17 @@ int zt_memplan_rank(const zt_plan *p, int rank, int threads, zt_memplan *o, zt_e
       size_t n = strlen(o->detail[ZT_MEM_COMM]);
       snprintf(o->detail[ZT_MEM_COMM] + n, sizeof o->detail[0] - n, "pipeline transfers");
     }
-    /* the passes call GEMMs from one thread, which keeps its scratch */
+    /* the passes call GEMMs from one thread, which keeps its scratch; the
+     * ops' own scratch comes and goes inside a call, on every thread */
+    const zt_backend *be = m.be;
     int64_t gemm = zt_model_gemm_scratch(&m);
+    int64_t ops = be->op_scratch ? (int64_t)be->op_scratch(m.dt, m.cfg.seq, m.hd, m.vocab_local,
+                                                           threads) : 0;
     o->bytes[ZT_MEM_WORKSPACE][ZT_PLACE_DEVICE] = (int64_t)b->scratch;
-    o->bytes[ZT_MEM_WORKSPACE][ZT_PLACE_HOST] = gemm;
+    o->bytes[ZT_MEM_WORKSPACE][ZT_PLACE_HOST] = gemm + ops;
     snprintf(o->detail[ZT_MEM_WORKSPACE], sizeof o->detail[0],
-             "pass scratch %.2f MiB, GEMM scratch %.2f MiB", mib((int64_t)b->scratch), mib(gemm));
+             "pass scratch %.2f MiB, GEMM scratch %.2f MiB, ops' scratch %.2f MiB (%d thread%s)",
+             mib((int64_t)b->scratch), mib(gemm), mib(ops), threads, threads > 1 ? "s" : "");
     o->bytes[ZT_MEM_OTHER][ZT_PLACE_DEVICE] += zt_trainer_own_bytes(&m, pc->pp, m.B);
     o->bytes[ZT_MEM_OTHER][ZT_PLACE_HOST] += (int64_t)b->host;
   }
