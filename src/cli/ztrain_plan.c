@@ -115,7 +115,9 @@ int zt_plan_main(int argc, char **argv) {
     free(s);
     json_decref(o);
   } else if (!rc) {
-    if (lim.ds) printf("ds-config %s:\n%s", ds.path, ds.report);
+    if (lim.ds) /* the DeepSpeed keys and the Lua they became, as ztrain schedule shows them */
+      printf("ds-config %s (DeepSpeed keys -> the run's Lua, applied after the script, before "
+             "-e):\n%sds-config statements:\n%s", ds.path, ds.report, ds.lua ? ds.lua : "");
     printf("memory plan of %s: %d rank%s (dp %d x tp %d x pp %d), ZeRO %d, %s, micro_batch %d, "
            "%d thread%s per rank\n",
            argv[optind], world, world > 1 ? "s" : "", pc->dp, pc->tp, pc->pp, pc->zero.stage,
