@@ -49,6 +49,10 @@ typedef struct zt_memplan {
   /* what this process holds: device and host where the device's memory
    * is host memory (the CPU backend), else the device's */
   int64_t peak_bytes;
+  /* of the peak, what timing decides: with overlap, the MPI library's
+   * temporaries of a second bucket in flight (the plan counts them: a
+   * bound); peak_floor_bytes = peak_bytes less that */
+  int64_t timing_bytes, peak_floor_bytes;
 } zt_memplan;
 
 /* Rank `rank` of the plan's layout (0 .. dp*tp*pp - 1), with `threads`
