@@ -11,7 +11,9 @@
 # overlap the library holds one or two buckets' temporaries at once as the
 # timing falls (peak_bytes counts two, a bound; peak_floor_bytes one), and
 # that run must land between the two (5% either side); without overlap
-# exactly one. Prints predicted / measured / ratio per rank.
+# exactly one. Prints predicted / measured / ratio per rank. Before any of
+# that, rank 0's banner (what the allocations counted: model states,
+# buffers, activations) must be the plan's rows, to the 0.1 MiB printed.
 # The runs fix glibc's mmap threshold (MALLOC_MMAP_THRESHOLD_): by default
 # a freed block under 32 MiB raises the threshold to its size, later ones
 # come from the heap, and freed heap memory stays resident — memory no
@@ -80,6 +82,21 @@ for r in plan["ranks"]:
     bad += not ok
     span = f"  (timing: {lo:.1f}-{p:.1f})" if lo < p else ""
     print(f"{d:<28} {r['rank']:>4} {p:>12.1f} {m:>12.1f} {ratio:>7.3f}{span}{'' if ok else '  FAIL'}")
+# the allocations themselves, as rank 0's banner counts them, are the
+# plan's rows: one source of truth, before any resident-memory question
+b = plan["ranks"][0]["breakdown"]
+tot = lambda k: b[k]["bytes"] / 1048576.0
+ban = re.search(r"model states ([0-9.]+) MiB/rank \(\+ buffers ([0-9.]+) MiB\) \| "
+                r"activations ([0-9.]+) MiB", open(f"{d}/out.txt").read())
+want = [sum(tot(k) for k in ("params", "masters", "grads", "moments", "tied_copy")),
+        None if plan["layout"]["pp"] > 1 else tot("comm"),  # comm adds the pipeline's there
+        tot("activations") + b["workspace"]["device"] / 1048576.0]
+if not ban:
+    sys.exit(f"FAIL: {d}: no banner")
+for name, got, w in zip(("states", "buffers", "activations"), map(float, ban.groups()), want):
+    if w is not None and abs(got - w) > 0.051:
+        bad += 1
+        print(f"FAIL: {d}: rank 0's banner says {name} {got} MiB, the plan {w:.2f}")
 sys.exit(1 if bad else 0)
 PY
   cases=$((cases + 1))
