@@ -122,6 +122,13 @@ typedef struct zt_backend {
    * planner takes the largest figure over the GEMMs a thread runs, summed
    * over the threads that run GEMMs; 0 where none is kept (fp32). */
   size_t (*gemm_scratch)(zt_dtype t, zt_dtype tc, int m, int n, int k);
+  /* Bytes of host memory the ops allocate inside one call and free before
+   * they return, at the most over the calls of a model with T positions,
+   * head dim hd and V vocabulary rows on this rank, on `threads` threads:
+   * the CPU backend's attention tiles per thread (and in 16 bits a head's
+   * rows widened) and its loss's widened row of V per thread. A planner
+   * adds it to the peak. NULL: none. */
+  size_t (*op_scratch)(zt_dtype t, int T, int hd, int V, int threads);
 
   /* Embedding lookup from a table of which rows [v0, v0 + Vl) are here
    * (v0 = 0, Vl = V: the whole table; else a vocab-parallel shard).

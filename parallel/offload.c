@@ -120,37 +120,78 @@ static int plan_segments(zt_offload *o, const zt_offload_cfg *cfg) {
   return 0;
 }
 
-/* Each state's memory, packed per placement in flat order (a state wholly
- * in one memory is one buffer over the range, as without offload). */
+/* Where each state's segments go, packed per placement in flat order:
+ * b[s][p] bytes of state s at placement p (a state wholly in one memory is
+ * one buffer over the range, as without offload; fp32 masters on the
+ * device are PARAM and count none), and each nvme segment's offset in the
+ * file, an aligned, padded extent of its own. */
+static void lay_out(zt_offload *o, int64_t b[ZT_OFF_STATES][ZT_PLACES]) {
+  int64_t file = 0;
+  for (int s = 0; s < ZT_OFF_STATES; s++) {
+    int alias = s == ZT_OFF_W && o->lay.master_is_param;
+    for (int p = 0; p < ZT_PLACES; p++) b[s][p] = 0;
+    for (int k = 0; k < o->nseg; k++) {
+      seg *g = &o->segs[k];
+      int p = g->place[s];
+      int64_t bytes = (g->b - g->a) * (int64_t)sizeof(float);
+      if (p == ZT_PLACE_NVME) {
+        g->off[s] = file;
+        bytes = round_up(bytes, FILE_ALIGN);
+        file += bytes;
+      }
+      if (!(p == ZT_PLACE_DEVICE && alias)) b[s][p] += bytes;
+    }
+  }
+}
+
+/* Staging for the host update: NSLOT slots of SL_BUFS buffers, each as large
+ * as the largest chunk (padded for nvme requests) and aligned by hand. */
+static size_t slot_bytes(const zt_offload *o) {
+  int64_t ch = 0;
+  for (int i = 0; i < o->nchunk; i++)
+    if (o->chunks[i].n > ch) ch = o->chunks[i].n;
+  if (!ch && o->nseg) ch = 1; /* sync_params and transfers stage through slot 0 */
+  return (size_t)round_up(ch * (int64_t)sizeof(float), FILE_ALIGN);
+}
+
 static int alloc_states(zt_offload *o) {
   static const zt_mem_kind kinds[ZT_PLACES] = {ZT_MEM_DEVICE, ZT_MEM_PINNED, ZT_MEM_HOST};
+  int64_t n[ZT_OFF_STATES][ZT_PLACES];
+  lay_out(o, n);
   for (int s = 0; s < ZT_OFF_STATES; s++) {
-    int64_t n[ZT_PLACES] = {0};
-    for (int k = 0; k < o->nseg; k++) n[o->segs[k].place[s]] += o->segs[k].b - o->segs[k].a;
     int alias = s == ZT_OFF_W && o->lay.master_is_param;
+    o->bytes[ZT_PLACE_NVME] += n[s][ZT_PLACE_NVME];
     for (int p = ZT_PLACE_DEVICE; p <= ZT_PLACE_CPU; p++) {
       if (p == ZT_PLACE_DEVICE && alias) continue;
-      if (!n[p] && p != ZT_PLACE_DEVICE) continue;
+      if (!n[s][p] && p != ZT_PLACE_DEVICE) continue;
       /* the device buffer always exists: an empty range's view points there */
-      if (!(o->buf[s][p] = o->be->alloc(kinds[p], (size_t)(n[p] > 0 ? n[p] : 1) * sizeof(float))))
-        return -1;
-      o->bytes[p] += n[p] * (int64_t)sizeof(float);
+      if (!(o->buf[s][p] = o->be->alloc(kinds[p], (size_t)(n[s][p] ? n[s][p] : 4)))) return -1;
+      o->bytes[p] += n[s][p];
     }
     int64_t used[ZT_PLACES] = {0};
     for (int k = 0; k < o->nseg; k++) {
       seg *g = &o->segs[k];
       int p = g->place[s];
-      if (p == ZT_PLACE_NVME) { /* the file: its own aligned, padded extent */
-        g->off[s] = o->bytes[ZT_PLACE_NVME];
-        o->bytes[ZT_PLACE_NVME] += round_up((g->b - g->a) * (int64_t)sizeof(float), FILE_ALIGN);
-        continue;
-      }
+      if (p == ZT_PLACE_NVME) continue;
       if (p == ZT_PLACE_DEVICE && alias) g->ptr[s] = param_at(o, g->a);
       else g->ptr[s] = (char *)o->buf[s][p] + (size_t)used[p] * sizeof(float);
       used[p] += g->b - g->a;
     }
   }
   return 0;
+}
+
+int zt_offload_plan_bytes(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
+                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *staging) {
+  zt_offload o = {.lay = *lay};
+  int rc = plan_segments(&o, cfg);
+  if (!rc) {
+    lay_out(&o, bytes);
+    *staging = (int64_t)NSLOT * SL_BUFS * (int64_t)(slot_bytes(&o) + FILE_ALIGN);
+  }
+  free(o.segs);
+  free(o.chunks);
+  return rc;
 }
 
 /* This rank's file under cfg->dir, named by job and rank: the same name at
@@ -198,15 +239,11 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
   ok = ok && (o->cs = be->stream_new()) && (o->hs = o->cpu->stream_new()) &&
        (o->ev_ready = be->event_new()) && (o->ev_done = be->event_new()) &&
        (o->hsums = calloc(1, sizeof *o->hsums));
-  int64_t ch = 0; /* staging only as large as the largest chunk (padded for nvme) */
-  for (int i = 0; i < o->nchunk; i++)
-    if (o->chunks[i].n > ch) ch = o->chunks[i].n;
-  if (!ch && o->nseg) ch = 1; /* sync_params and transfers stage through slot 0 */
-  size_t slot_bytes = (size_t)round_up(ch * (int64_t)sizeof(float), FILE_ALIGN);
+  size_t slot = slot_bytes(o);
   for (int i = 0; ok && i < NSLOT; i++) {
     ok = (o->ev_in[i] = be->event_new()) && (o->ev_out[i] = be->event_new());
     for (int b = 0; ok && b < SL_BUFS; b++) {
-      char *raw = be->alloc(ZT_MEM_PINNED, slot_bytes + FILE_ALIGN);
+      char *raw = be->alloc(ZT_MEM_PINNED, slot + FILE_ALIGN);
       o->slot_raw[i][b] = raw;
       ok = raw != NULL;
       if (ok) o->slot[i][b] = (float *)(raw + (FILE_ALIGN - (uintptr_t)raw % FILE_ALIGN) % FILE_ALIGN);

@@ -97,6 +97,12 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
                            const zt_backend *be, zt_stream *stream, zt_err *e);
 void zt_offload_free(zt_offload *o);
 
+/* What zt_offload_new would hold, without allocating: bytes of each state
+ * (ZT_OFF_W, _M, _V) per placement (nvme: its extent of the file, padded)
+ * and of the pinned staging of the host update. -1 when out of memory. */
+int zt_offload_plan_bytes(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
+                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *staging);
+
 /* Bytes held per placement (all three states). */
 void zt_offload_bytes(const zt_offload *o, int64_t bytes[ZT_PLACES]);
 

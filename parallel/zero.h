@@ -113,6 +113,30 @@ void zt_zero_shard(const zt_zero *z, int64_t *lo, int64_t *hi);
  * bucket buffers. */
 void zt_zero_bytes(const zt_zero *z, int64_t *states, int64_t *buffers);
 
+/* What zt_zero_new allocates on dp rank dp_rank of dp for numel elements
+ * in units (the same functions size both: the planner's figures are the
+ * allocation's). Bytes unless said otherwise. */
+typedef struct zt_zero_sizes {
+  int64_t elems[ZT_STATE_KINDS]; /* elements of each state (whole or the shard) */
+  int64_t state[ZT_STATE_KINDS]; /* bytes in memory (device and host); 0 for an
+                                  * alias (fp32 MASTER is PARAM) */
+  int64_t placed[ZT_STATE_KINDS][ZT_PLACES]; /* the same bytes per placement, and
+                                              * the nvme file's (padded) */
+  int64_t offload_staging;                   /* pinned chunks of the host update */
+  int64_t bucket_elems, recv_elems;  /* stage >= 2: largest bucket, largest owned part */
+  int64_t bucket_next;               /* stage >= 2: the second largest bucket */
+  int64_t buckets;  /* stage >= 2: the gradient bucket buffers (fp32, and 16-bit to reduce) */
+  int64_t reduce16; /* stage < 2, 16-bit reduce: the gradients converted */
+  int64_t gather_elems;
+  int64_t gather;   /* stage 3: the gather buffers (largest unit each) */
+} zt_zero_sizes;
+/* The buckets' reductions in flight at once (stage >= 2): all buffers but
+ * the one backward writes. */
+#define ZT_ZERO_BUCKETS_IN_FLIGHT 2
+/* 0, or -1 when out of memory for its tables. */
+int zt_zero_plan_bytes(const zt_zero_cfg *cfg, int dp, int dp_rank, int64_t numel,
+                       const zt_zero_units *units, zt_zero_sizes *out);
+
 /* PARAM made equal to MASTER after MASTER changed other than by an update
  * (initial values, a load): rounded to param_dtype and, at stages 1-2 in
  * 16 bits, all-gathered over dp (collective). Nothing in fp32 at stage

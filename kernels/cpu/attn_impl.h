@@ -35,14 +35,38 @@ static inline int zt_attn_seen(int i, int j0, int kb) {
 }
 #endif
 
+/* Reals per thread of attention's forward and backward scratch (below). */
+static size_t FN(attn_per_fwd)(size_t Th) {
+#ifdef STORE
+  return (size_t)ATTN_BR * ATTN_BC + 3 * ATTN_BR + 4 * Th;
+#else
+  (void)Th;
+  return (size_t)ATTN_BR * ATTN_BC + 3 * ATTN_BR;
+#endif
+}
+
+static size_t FN(attn_per_bwd)(size_t Th) {
+  size_t tiles = (size_t)2 * ATTN_BR * ATTN_BC + ATTN_BR;
+#ifdef STORE
+  return tiles + 8 * Th;
+#else
+  (void)Th;
+  return tiles;
+#endif
+}
+
 /* nt blocks of `per` reals, 64-byte aligned, one per thread: the tiles'
  * scratch, a few hundred KB in all (plus a head's rows in the 16-bit
  * builds). The ops have no error path, and a failure to find that much is
  * no state to train on. */
-static real *FN(attn_scratch)(size_t per, size_t *stride) {
+static size_t FN(attn_scratch_size)(size_t per, int nt, size_t *stride) {
   *stride = (per + 15) / 16 * 16;
-  size_t bytes = (size_t)omp_get_max_threads() * *stride * sizeof(real);
-  real *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+  return ((size_t)nt * *stride * sizeof(real) + 63) / 64 * 64;
+}
+
+static real *FN(attn_scratch)(size_t per, size_t *stride) {
+  size_t bytes = FN(attn_scratch_size)(per, omp_get_max_threads(), stride);
+  real *p = aligned_alloc(64, bytes);
   if (!p) {
     fprintf(stderr, "ztrain: no memory for the attention tiles (%zu bytes)\n", bytes);
     abort();
@@ -103,7 +127,7 @@ static void FN(attn_rows)(store *out, real *lse, const store *qkv, int B, int T,
   int nq = (n + ATTN_BR - 1) / ATTN_BR;
   real scale = 1 / sqrt((real)hd);
   size_t stride;
-  real *scratch = FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 3 * ATTN_BR, &stride);
+  real *scratch = FN(attn_scratch)(FN(attn_per_fwd)(0), &stride);
 #pragma omp parallel
   {
     real *P = scratch + (size_t)omp_get_thread_num() * stride;
@@ -133,8 +157,7 @@ static void FN(attn_rows)(store *out, real *lse, const store *qkv, int B, int T,
   int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd, n = T - q0;
   real scale = 1 / sqrt((real)hd);
   size_t stride, Th = (size_t)T * hd;
-  real *scratch =
-      FN(attn_scratch)((size_t)ATTN_BR * ATTN_BC + 3 * ATTN_BR + 4 * Th, &stride);
+  real *scratch = FN(attn_scratch)(FN(attn_per_fwd)(Th), &stride);
 #pragma omp parallel
   {
     real *P = scratch + (size_t)omp_get_thread_num() * stride;
@@ -221,13 +244,13 @@ void FN(attn_bwd)(store *dqkv, const store *dout, const store *qkv, const store 
                   const real *lse, int B, int T, int H, int KVH, int hd) {
   int rs = (H + 2 * KVH) * hd, G = H / KVH, os = H * hd;
   real scale = 1 / sqrt((real)hd);
-  size_t stride, tiles = (size_t)2 * ATTN_BR * ATTN_BC + ATTN_BR;
+  size_t stride;
 #ifdef STORE
   size_t Th = (size_t)T * hd;
-  real *scratch = FN(attn_scratch)(tiles + 8 * Th, &stride);
 #else
-  real *scratch = FN(attn_scratch)(tiles, &stride);
+  size_t Th = 0;
 #endif
+  real *scratch = FN(attn_scratch)(FN(attn_per_bwd)(Th), &stride);
 #pragma omp parallel
   {
     real *P = scratch + (size_t)omp_get_thread_num() * stride;
@@ -279,4 +302,18 @@ void FN(attn_bwd)(store *dqkv, const store *dout, const store *qkv, const store 
       }
   }
   free(scratch);
+}
+
+/* The ops' scratch of one call (see ops.h): attention's tiles (the larger
+ * of forward and backward) and, in the 16-bit builds, the loss's widened
+ * row of V per thread (ops_impl.h's rows). */
+size_t FN(op_scratch_bytes)(int T, int hd, int V, int nt) {
+  size_t Th = (size_t)T * hd, stride, f = FN(attn_per_fwd)(Th), b = FN(attn_per_bwd)(Th);
+  size_t attn = FN(attn_scratch_size)(f > b ? f : b, nt, &stride), rows = 0;
+#ifdef STORE
+  rows = (size_t)nt * sizeof(real) * (size_t)V;
+#else
+  (void)V;
+#endif
+  return attn > rows ? attn : rows;
 }

@@ -89,6 +89,12 @@ static size_t cpu_gemm_scratch(zt_dtype t, zt_dtype tc, int m, int n, int k) {
   return zt_cpu_f32_gemm_scratch_bytes(m, n, k, 1);
 }
 
+static size_t cpu_op_scratch(zt_dtype t, int T, int hd, int V, int threads) {
+  if (t == ZT_BF16) return zt_cpu_bf16_op_scratch_bytes(T, hd, V, threads);
+  if (t == ZT_F16) return zt_cpu_f16_op_scratch_bytes(T, hd, V, threads);
+  return zt_cpu_f32_op_scratch_bytes(T, hd, V, threads);
+}
+
 static void cpu_embed_fwd(zt_stream *s, zt_dtype t, void *out, const int32_t *tok,
                           const void *wte, const void *wpe, int B, int T, int C, int v0, int Vl) {
   (void)s;
@@ -281,6 +287,7 @@ static const zt_backend cpu = {
     .event_sync = cpu_event_sync,
     .gemm = cpu_gemm,
     .gemm_scratch = cpu_gemm_scratch,
+    .op_scratch = cpu_op_scratch,
     .embed_fwd = cpu_embed_fwd,
     .embed_bwd = cpu_embed_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,

@@ -27,6 +27,9 @@
    * largest of the former over its GEMMs (0 where store is real) */        \
   size_t P##gemm_scratch_bytes(int m, int n, int k, int c16);                \
   size_t P##gemm_scratch_held(void);                                         \
+  /* bytes the ops allocate inside one call on nt threads and free on       \
+   * return, at the most (attention at T, hd; the loss over V) */          \
+  size_t P##op_scratch_bytes(int T, int hd, int V, int nt);                 \
   void P##embed_fwd(store *out, const int32_t *tok, const store *wte,        \
                     const store *wpe, int B, int T, int C, int v0, int Vl);  \
   void P##embed_bwd(real *dwte, real *dwpe, const int32_t *tok,              \

@@ -26,6 +26,7 @@
 #include "src/ckpt/policy.h"
 #include "src/config/config.h"
 #include "src/config/dsconfig.h"
+#include "src/core/rss.h"
 #include "src/core/timer.h"
 #include "src/core/trace.h"
 #include "src/data/data.h"
@@ -33,6 +34,8 @@
 #include "src/train/report.h"
 #include "src/train/trainer.h"
 #include "src/cli/ztrain_infer.h"
+#include "src/cli/ztrain_plan.h"
+#include "src/plan/memory.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "dev"
@@ -48,6 +51,7 @@ static const char usage[] =
     "       ztrain sample SCRIPT.lua --load CKPT --prompt TEXT [--tokens N]\n"
     "                     [--temperature T] [--top-k K] [--seed S] [--ids]\n"
     "       ztrain report RUN_DIR|METRICS.jsonl [-o REPORT.html] [--log-loss]\n"
+    "       ztrain plan SCRIPT.lua [-e STMT]... [--ds-config JSON] [--json]\n"
     "\n"
     "Trains the model that SCRIPT.lua describes. Runs as one process, or as\n"
     "many ranks under mpirun/srun (mpirun -np 8 ztrain SCRIPT.lua).\n"
@@ -87,6 +91,9 @@ static const char usage[] =
     "schedule: checks the script's pipeline schedule and partition without\n"
     "training (no mpirun needed): simulated bubble, peak in-flight micro-batches\n"
     "per stage and a timeline of all stages.\n"
+    "\n"
+    "plan: the memory each rank of the script's layout will hold, by purpose\n"
+    "and placement, without running it (ztrain plan --help).\n"
     "\n"
     "report: draws a run's --metrics as one HTML page of plots (no network\n"
     "needed to view it); ztrain report --help says more.\n"
@@ -444,6 +451,25 @@ static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *
   }
 }
 
+/* Each rank's measured peak (its resident high-water mark less the empty
+ * process, /proc/self/status) against its plan, reported by rank 0 (one
+ * line per rank, a metrics record). Before a final save, whose staging is
+ * not training's. Collective over world. */
+static void report_memory(zt_comm *world, zt_report *rep, int64_t base_rss,
+                          const zt_memplan *mp) {
+  int64_t rss, hwm;
+  zt_rss_read(&rss, &hwm);
+  int n = world->size;
+  double *v = calloc((size_t)3 * n, sizeof *v);
+  if (!v) return;
+  v[3 * world->rank] = (double)base_rss;
+  v[3 * world->rank + 1] = (double)hwm;
+  v[3 * world->rank + 2] = (double)mp->peak_bytes;
+  zt_comm_allreduce(world, v, (size_t)3 * n, ZT_F64, ZT_SUM);
+  zt_report_memory(rep, n, v);
+  free(v);
+}
+
 /* Every rank writes its part of the trace next to PATH; rank 0 joins
  * them into PATH. */
 static int write_trace(const char *path, zt_comm *world, double origin, zt_err *e) {
@@ -548,6 +574,17 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
   if (!rc && piped)
     rc = zt_pipe_stage(&plan.pipeline.schedule, plan.pipeline.first, plan.pipeline.last,
                        grid.pp_rank, &stage, e);
+  /* the planner's estimate of this rank against the memory it may use */
+  zt_memplan mplan = {0};
+  if (!rc) rc = zt_memplan_check(&plan, world->rank, omp_get_max_threads(), be->host_visible, e);
+  if (!rc) rc = zt_memplan_rank(&plan, world->rank, omp_get_max_threads(), &mplan, e);
+  /* the empty process: MPI, Lua, the BLAS and the data files up, nothing
+   * of the model; the peak from here on is what the plan estimates */
+  int64_t base_rss = -1, hwm = -1;
+  if (!rc) {
+    zt_rss_reset_peak();
+    zt_rss_read(&base_rss, &hwm);
+  }
   if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch,
                               &grid.tp_comm, piped ? &stage : NULL, e);
   zt_pipe_stage_free(&stage);
@@ -613,6 +650,9 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
   }
   rc = agree(world, rc, e);
   if (!rc && rank0) print_banner(&plan, &model, &tr, &rep, threads_why);
+  if (!rc && rank0)
+    printf("memory plan: %.1f MiB at peak on rank 0 above the empty process (%.1f MiB); "
+           "ztrain plan shows every rank\n", mplan.peak_bytes / 1048576.0, base_rss / 1048576.0);
   while (!rc && tr.t < plan.train.steps) {
     zt_step_stats st;
     char where[32];
@@ -651,6 +691,7 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
     }
     if (stop) break;
   }
+  if (!rc && grid_up) report_memory(world, &rep, base_rss, &mplan);
   zt_err bg_err = {0};
   int bg_rc = zt_ckpt_async_wait(&bg, &bg_err); /* before anything else touches HDF5 */
   if (!rc && bg_rc) rc = bg_rc, *e = bg_err;
@@ -676,6 +717,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "eval") || !strcmp(argv[1], "sample")))
     return zt_infer_main(argc, argv);
   if (argc > 1 && !strcmp(argv[1], "report")) return zt_runreport_main(argc - 1, argv + 1);
+  if (argc > 1 && !strcmp(argv[1], "plan")) return zt_plan_main(argc - 1, argv + 1);
   cli_args a;
   zt_err e = {0};
   /* getopt reorders argv; a restart with other GEMM kernels gets it as given */

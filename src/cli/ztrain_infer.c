@@ -26,6 +26,7 @@
 #include "src/core/rng.h"
 #include "src/core/timer.h"
 #include "src/data/tokenizer.h"
+#include "src/plan/memory.h"
 #include "src/model/decode.h"
 #include "src/train/trainer.h"
 
@@ -195,6 +196,8 @@ static int eval_run(const infer_args *a, zt_comm *world, zt_err *e) {
   if (piped)
     rc = zt_pipe_stage(&plan.pipeline.schedule, plan.pipeline.first, plan.pipeline.last,
                        grid.pp_rank, &stage, e);
+  /* eval builds training's states: the planner's figure for this rank */
+  if (!rc) rc = zt_memplan_check(&plan, world->rank, omp_get_max_threads(), be->host_visible, e);
   if (!rc) rc = zt_model_init(&model, &plan.model, be, plan.train.micro_batch, &grid.tp_comm,
                               piped ? &stage : NULL, e);
   zt_pipe_stage_free(&stage);

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/plan/memory.h"
+
 typedef struct lists_ctx {
   const char *script;
   char **stmts;
@@ -51,6 +53,60 @@ static int pipeline_cb(const zt_candidate *c, void *ctx, zt_pipeline_cfg **out, 
   lc->plans[lc->n++] = p;
   *out = &p->pipeline;
   return ZT_OK;
+}
+
+/* The loaded plan whose pipeline pipeline_cb handed out as c->pipeline. */
+static const zt_plan *plan_of(const lists_ctx *lc, const zt_candidate *c) {
+  for (int i = 0; i < lc->n; i++)
+    if (&lc->plans[i]->pipeline == c->pipeline) return lc->plans[i];
+  return NULL;
+}
+
+/* The memory planner's peak (src/plan/memory.h) of candidate c: its loaded
+ * plan (layout, micro-batch, schedule: pipeline_cb's -e statements) with
+ * c's ZeRO stage, recomputation and placement of the masters and moments,
+ * over the ranks that can differ (each stage; the first and last dp and tp
+ * ranks, whose ZeRO shards and vocab slices are the uneven ones). What
+ * --mem-per-rank bounds is the device column: the accelerator's memory,
+ * which offload relieves (host memory, the MPI library's temporaries and
+ * nvme files are not in it). Sizes are the CPU backend's, one thread per
+ * rank. */
+static int memplan_peak(const zt_candidate *c, void *ctx, int64_t *bytes, zt_err *e) {
+  const zt_plan *base = plan_of(ctx, c);
+  if (!base) return zt_err_set(e, ZT_ERUNTIME, "plan search: a candidate without its plan");
+  zt_plan q = *base; /* shallow: what changes below is this copy's own */
+  const zt_layout *l = &c->layout;
+  q.parallel.zero.stage = l->zero;
+  q.model.sequence_parallel = l->sp;
+  q.parallel.sequence_parallel = l->sp;
+  unsigned char *all = c->recompute ? malloc((size_t)q.model.layers) : NULL;
+  zt_offload_cfg *oc = &q.parallel.zero.offload;
+  unsigned char *place = l->moments != ZT_PLACE_DEVICE ? malloc((size_t)q.model.layers + 2) : NULL;
+  if ((c->recompute && !all) || (l->moments != ZT_PLACE_DEVICE && !place)) {
+    free(all);
+    free(place);
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory");
+  }
+  if (all) memset(all, 1, (size_t)q.model.layers);
+  q.model.recompute = all;
+  memset(oc, 0, sizeof *oc);
+  if (place) { /* the search's "moments on cpu": the optimizer's states, as DeepSpeed offloads them */
+    memset(place, l->moments, (size_t)q.model.layers + 2);
+    oc->n_units = q.model.layers + 2;
+    oc->place[ZT_OFF_MASTER] = oc->place[ZT_OFF_MOMENTS] = place;
+  }
+  int rc = ZT_OK, tps[2] = {0, l->tp - 1}, dps[2] = {0, l->dp - 1};
+  *bytes = 0;
+  for (int s = 0; !rc && s < l->pp; s++)
+    for (int i = 0; !rc && i < 2; i++)
+      for (int j = 0; !rc && j < 2; j++) {
+        zt_memplan mp;
+        rc = zt_memplan_rank(&q, tps[i] + l->tp * (dps[j] + l->dp * s), 1, &mp, e);
+        if (!rc && mp.peak[ZT_PLACE_DEVICE] > *bytes) *bytes = mp.peak[ZT_PLACE_DEVICE];
+      }
+  free(all);
+  free(place);
+  return rc;
 }
 
 /* "intra=300,inter=25" in GB/s */
@@ -141,8 +197,9 @@ int zt_cli_plan_search(int argc, char **argv, zt_peak_fn peak, void *peak_ctx) {
                          .mem_per_rank = (int64_t)(mem * 1073741824.0),
                          .global_batch = base.train.global_batch, .sp = bl.sp,
                          .act_bytes = bl.act_bytes, .grad_bytes = bl.grad_bytes,
-                         .zero_overlap = bl.zero_overlap, .hw = hw, .peak_bytes = peak,
-                         .peak_ctx = peak_ctx, .pipeline = pipeline_cb, .pipeline_ctx = &lc};
+                         .zero_overlap = bl.zero_overlap, .hw = hw,
+                         .peak_bytes = peak ? peak : memplan_peak, .peak_ctx = peak ? peak_ctx : &lc,
+                         .pipeline = pipeline_cb, .pipeline_ctx = &lc};
     rc = zt_search_run(&cfg, &res, &e);
   }
   if (!rc && res.n == 0)

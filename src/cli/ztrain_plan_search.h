@@ -2,7 +2,8 @@
  * [--ranks-per-node R] [--link intra=GB/s,inter=GB/s] [--peak TFLOP/s]
  * [--gemm-eff F] [--mem-bw GB/s] [--top K] [-e STMT]...`: the ranked
  * table of the layouts of the script's model that fit (src/plan/search.h).
- * Memory per layout comes from `peak` (the memory planner); argv[0] is
+ * Memory per layout comes from `peak`, or, when NULL, from the memory
+ * planner (src/plan/memory.h) on each candidate's own plan; argv[0] is
  * "plan". Returns the exit code (0, or 2 for bad input or nothing fits). */
 #ifndef ZT_CLI_PLAN_SEARCH_H
 #define ZT_CLI_PLAN_SEARCH_H

@@ -99,12 +99,22 @@ static void carve_all(zt_model *m, carver *cv) {
   size_t N = (size_t)m->B * c->seq, Ns = (size_t)m->Ns, C = c->dim, f = sizeof(float);
   size_t x = zt_dtype_size(m->dt);
   int any = 0;
+  zt_model_bytes *z = &m->bytes;
+  z->kept_blocks = z->recomputed_blocks = 0;
   for (int k = 0; k < m->n_chunks; k++)
-    for (int l = m->chunks[k].first; l <= m->chunks[k].last; l++) any |= recomputed(m, l);
+    for (int l = m->chunks[k].first; l <= m->chunks[k].last; l++) {
+      any |= recomputed(m, l);
+      *(recomputed(m, l) ? &z->recomputed_blocks : &z->kept_blocks) += m->chunks[k].n_slots;
+    }
+  size_t at = cv->used;
   if (any) carve_acts(m, cv, &m->racts); /* before the slots, which point at it */
+  z->acts_recompute = cv->used - at;
+  at = cv->used;
   for (int k = 0; k < m->n_chunks; k++)
     for (int s = 0; s < m->chunks[k].n_slots; s++)
       carve_slot(m, cv, &m->chunks[k], &m->chunks[k].slots[s]);
+  z->acts_slots = cv->used - at;
+  at = cv->used;
   m->xent_stats = carve(cv, 3 * N * f);
   m->dres = carve(cv, Ns * C * x);
   m->dln = carve(cv, N * C * x);
@@ -115,6 +125,15 @@ static void carve_all(zt_model *m, carver *cv) {
   m->dkv_w = carve(cv, m->kv_rep > 1 ? (size_t)(m->qkv_rows - m->att_dim) * C * f : 0);
   m->dnorm = carve(cv, m->sp ? 4 * C * f : 0);
   m->rope_cs = carve(cv, (size_t)c->seq * m->hd * f);
+  z->scratch = cv->used - at;
+  z->arena = cv->used;
+  /* one block's part of a slot, kept and recomputed (measured on a carver
+   * of its own: the same carve calls) */
+  carver one = {0};
+  zt_block_acts a;
+  carve_acts(m, &one, &a);
+  z->block_kept = one.used;
+  z->block_input = (Ns * C * x + 63) / 64 * 64;
 }
 
 void zt_model_rope_rows(const zt_model *m, int t0, int n, float *cs) {
@@ -194,61 +213,50 @@ static int make_chunks(zt_model *m, const zt_stage_cfg *st) {
   return 0;
 }
 
-/* Refuses (ZT_EINPUT) a model whose weights, gradients, AdamW moments and
- * activations exceed cfg->mem.avail, saying what would fit. `weights`:
- * bytes of the flat weights (and a tied head's copy); the gradients are
- * as many. Activations grow with the micro-batch; the rest does not. */
-static int refuse_unless_fits(const zt_model *m, const zt_model_cfg *cfg, size_t weights,
-                              size_t copies, size_t acts, int micro_batch, zt_err *e) {
-  const zt_mem_budget *b = &cfg->mem;
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  int shards = b->zero >= 1 && b->dp > 1 ? b->dp : 1;
-  double wg = 2.0 * weights, moments = 2.0 * (double)m->numel * sizeof(float) / shards;
-  double need = wg + (double)copies + moments + (double)acts;
-  if (need <= b->avail) return ZT_OK;
-  char fit[320] = "";
-  size_t n = 0;
-  double per_sample = (double)acts / micro_batch, fixed = wg + (double)copies + moments;
-  long long mb = fixed < b->avail ? (long long)((b->avail - fixed) / per_sample) : 0;
-  if (mb >= 1 && mb < micro_batch)
-    n += (size_t)snprintf(fit + n, sizeof fit - n, "train.micro_batch = %lld would fit; ", mb);
-  if (b->zero == 0 && b->dp > 1)
-    n += (size_t)snprintf(fit + n, sizeof fit - n,
-                          "parallel.zero = 1 would split the moments over the %d data-parallel "
-                          "ranks (%.2f GiB instead of %.2f); ", b->dp, moments / b->dp / gib,
-                          moments / gib);
-  char cp[64] = "";
-  if (copies) snprintf(cp, sizeof cp, "16-bit weight copies %.2f GiB, ", (double)copies / gib);
-  snprintf(fit + n, sizeof fit - n, "%s", b->zero < 3 && b->dp > 1
-               ? "a higher ZeRO stage or more ranks (tp, pp) share the rest"
-               : "more ranks (tp, pp, or dp with ZeRO) share the weights and moments");
-  return zt_err_set(e, ZT_EINPUT,
-                    "the model does not fit in memory: it needs %.2f GiB per rank (weights and "
-                    "gradients %.2f GiB, %sAdamW moments %.2f GiB, activations for micro_batch "
-                    "%d: %.2f GiB) but %.2f GiB is available (%s); %s",
-                    need / gib, wg / gib, cp, moments / gib, micro_batch, (double)acts / gib,
-                    b->avail / gib, b->source, fit);
-}
-
-int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
-                  int micro_batch, zt_comm *tp, const zt_stage_cfg *stage, zt_err *e) {
-  int rc = zt_model_layout(m, cfg, tp ? tp->size : 1, tp ? tp->rank : 0, e);
+int zt_model_plan(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be, int micro_batch,
+                  int tp_size, int tp_rank, const zt_stage_cfg *stage, zt_err *e) {
+  int rc = zt_model_layout(m, cfg, tp_size, tp_rank, e);
   if (!rc) rc = zt_model_sp_check(cfg, micro_batch, m->tp_size, e);
   if (rc) return rc;
-  m->tp = tp;
   m->be = be;
   m->dt = cfg->precision;
   int N = micro_batch * cfg->seq;
   m->sp = cfg->sequence_parallel && m->tp_size > 1;
   m->Ns = m->sp ? N / m->tp_size : N;
   m->n0 = m->sp ? m->tp_rank * m->Ns : 0;
+  m->B = micro_batch;
+  if (make_chunks(m, stage)) {
+    zt_model_free(m);
+    return zt_err_set(e, ZT_ERUNTIME, "out of memory (model tables)");
+  }
+  select_units(m);
+  zt_model_bytes *z = &m->bytes;
+  /* a tied head on a stage without the embedding computes with a copy:
+   * fp32 weights and gradients, and in 16 bits the copy computed with */
+  z->tied_copy = cfg->tied && m->chunks[m->n_chunks - 1].head && !m->chunks[0].embed;
+  int64_t tn = z->tied_copy ? m->params[m->embed_tok].t.numel : 0;
+  z->tied_numel = tn;
+  z->tied = (size_t)tn * (2 * sizeof(float) + (m->dt == ZT_F32 ? 0 : zt_dtype_size(m->dt)));
+  z->host = (size_t)N * sizeof(float) + (m->sp ? 2 * (size_t)m->tp_size * sizeof(int) : 0);
+  carver cv = {0};
+  carve_all(m, &cv);
+  m->act_bytes = z->arena;
+  return ZT_OK;
+}
+
+int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
+                  int micro_batch, zt_comm *tp, const zt_stage_cfg *stage, zt_err *e) {
+  int rc = zt_model_plan(m, cfg, be, micro_batch, tp ? tp->size : 1, tp ? tp->rank : 0, stage, e);
+  if (rc) return rc;
+  m->tp = tp;
   if (m->kv_rep > 1) { /* ranks tp_rank / kv_rep share kv head tp_rank / kv_rep */
     m->kv = malloc(sizeof *m->kv);
     zt_comm scratch; /* the split is collective: join it even without memory */
     zt_comm_split(tp, "tp.kv", m->tp_rank / m->kv_rep, m->tp_rank, m->kv ? m->kv : &scratch);
     if (!m->kv) zt_comm_free(&scratch);
   }
-  m->B = micro_batch;
+  /* what zt_model_plan counted, allocated */
+  const zt_model_bytes *z = &m->bytes;
   m->host_losses = malloc((size_t)micro_batch * cfg->seq * sizeof(float));
   if (m->sp) { /* every rank's rows of an [N, C] tensor, for the collectives */
     m->sp_counts = malloc((size_t)m->tp_size * sizeof *m->sp_counts);
@@ -258,45 +266,28 @@ int zt_model_init(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be,
       m->sp_displs[r] = r * m->Ns * cfg->dim;
     }
   }
-  int chunks_ok = make_chunks(m, stage) == 0;
-  if (chunks_ok) select_units(m);
-  /* a tied head on a stage without the embedding computes with a copy */
-  int tied_copy = chunks_ok && cfg->tied && m->chunks[m->n_chunks - 1].head &&
-                  !m->chunks[0].embed;
-  size_t tied_bytes = tied_copy ? (size_t)m->params[m->embed_tok].t.numel * sizeof(float) : 0;
-  /* 16-bit runs compute with a rounded copy of the weights (and of a tied one) */
-  size_t x = zt_dtype_size(m->dt), copies = 0;
-  if (m->dt != ZT_F32) copies = ((size_t)m->numel + tied_bytes / sizeof(float)) * x;
-  carver cv = {0};
-  if (chunks_ok) carve_all(m, &cv);
-  size_t wbytes = (size_t)m->numel * sizeof(float);
-  if (chunks_ok && cfg->mem.avail > 0) {
-    rc = refuse_unless_fits(m, cfg, wbytes + tied_bytes, copies, cv.used, micro_batch, e);
-    if (rc) {
-      zt_model_free(m);
-      return rc;
-    }
-  }
-  m->arena = be->alloc(ZT_MEM_DEVICE, cv.used);
+  m->arena = be->alloc(ZT_MEM_DEVICE, z->arena);
   m->stream = be->stream_new();
-  if (tied_copy) {
+  size_t tied_bytes = (size_t)z->tied_numel * sizeof(float);
+  if (z->tied_copy) {
     m->tied_w = be->alloc(ZT_MEM_DEVICE, tied_bytes);
     m->tied_g = be->alloc(ZT_MEM_DEVICE, tied_bytes);
     m->tied_wc = m->dt == ZT_F32 ? m->tied_w
-                                 : be->alloc(ZT_MEM_DEVICE, tied_bytes / sizeof(float) * x);
+                                 : be->alloc(ZT_MEM_DEVICE, (size_t)z->tied_numel *
+                                                                zt_dtype_size(m->dt));
   }
-  if (!chunks_ok || !m->host_losses || !m->arena || !m->stream ||
-      (tied_copy && (!m->tied_w || !m->tied_g || !m->tied_wc)) || (m->kv_rep > 1 && !m->kv) ||
+  if (!m->host_losses || !m->arena || !m->stream ||
+      (z->tied_copy && (!m->tied_w || !m->tied_g || !m->tied_wc)) || (m->kv_rep > 1 && !m->kv) ||
       (m->sp && (!m->sp_counts || !m->sp_displs))) {
-    double gib = (2.0 * tied_bytes + cv.used) / (1 << 30);
+    double gib = ((double)z->tied + z->arena) / (1 << 30);
+    size_t arena = z->arena;
     zt_model_free(m);
     return zt_err_set(e, ZT_EINPUT,
                       "out of memory: the model needs %.2f GiB on backend %s "
                       "(activations for micro_batch %d: %.2f GiB); try a smaller micro_batch",
-                      gib, be->name, micro_batch, (double)cv.used / (1 << 30));
+                      gib, be->name, micro_batch, (double)arena / (1 << 30));
   }
-  m->act_bytes = cv.used;
-  cv = (carver){.base = (char *)m->arena};
+  carver cv = {.base = (char *)m->arena};
   carve_all(m, &cv);
   if (cfg->arch == ZT_ARCH_LLAMA) upload_rope(m);
   return ZT_OK;
@@ -366,11 +357,7 @@ void zt_model_sync_tied(zt_model *m) {
                  (size_t)m->params[m->embed_tok].t.numel);
 }
 
-int64_t zt_model_state_bytes(const zt_model *m) {
-  if (!m->tied_w) return 0;
-  int64_t n = m->params[m->embed_tok].t.numel;
-  return n * (2 * (int64_t)sizeof(float) + (m->dt == ZT_F32 ? 0 : (int64_t)zt_dtype_size(m->dt)));
-}
+int64_t zt_model_state_bytes(const zt_model *m) { return (int64_t)m->bytes.tied; }
 
 /* The backend scratch of a linear layer's three GEMMs (src/model/layers.c,
  * N = B * seq rows): forward y = x W^T [N, out, in], weight gradient

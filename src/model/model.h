@@ -18,13 +18,12 @@
 
 typedef enum { ZT_ARCH_GPT = 0, ZT_ARCH_LLAMA = 1 } zt_arch;
 
-/* The host memory zt_model_init may count on, found by whoever knows the
- * machine and the run (src/config); avail 0: no check. It counts the
- * optimizer's AdamW moments too (8 bytes per parameter, split over the dp
- * ranks at ZeRO stage >= 1), so that a model that cannot fit is refused
- * before anything is allocated: with overcommit a large malloc succeeds
- * and the kernel kills the process later. It is the memory the backend
- * allocates from (host memory for the CPU backend). */
+/* The memory a rank may count on, found by whoever knows the machine and
+ * the run (src/config); avail 0: no check. The memory planner (src/plan)
+ * compares its estimate of the rank's peak with it before anything is
+ * allocated: with overcommit a large malloc succeeds and the kernel kills
+ * the process later. It is the memory the backend allocates from (host
+ * memory for the CPU backend). */
 typedef struct zt_mem_budget {
   double avail;     /* bytes this rank may use */
   char source[160]; /* where avail comes from, for the message */
@@ -50,8 +49,25 @@ typedef struct zt_model_cfg {
    * weights the passes compute with (ZT_F32: 0, the default); weights are
    * kept and updated in fp32 (w), gradients are fp32. */
   zt_dtype precision;
-  zt_mem_budget mem; /* what zt_model_init may allocate; not what the model is */
+  zt_mem_budget mem; /* what the run may allocate; not what the model is */
 } zt_model_cfg;
+
+/* What zt_model_init allocates for one rank, by purpose: zt_model_plan
+ * computes it without allocating and zt_model_init allocates exactly it
+ * (one source of truth for the planner). Bytes unless said otherwise. */
+typedef struct zt_model_bytes {
+  size_t arena;          /* the one device allocation: the three below */
+  size_t acts_slots;     /* every slot: block inputs, kept blocks' activations, head, tokens */
+  size_t acts_recompute; /* the one set that recomputed blocks refill (0: none recomputes) */
+  size_t scratch;        /* a pass's scratch: input gradients, loss statistics, rope table */
+  int kept_blocks, recomputed_blocks; /* block x slot pairs that keep / recompute */
+  size_t block_kept;     /* one block's saved activations, one micro-batch */
+  size_t block_input;    /* its input (all a recomputed block keeps) */
+  int tied_copy;         /* a tied head on a stage without the embedding */
+  int64_t tied_numel;
+  size_t tied;           /* its copy: fp32 weights and gradients, 16-bit copy */
+  size_t host;           /* host buffers (per-token losses, sp counts) */
+} zt_model_bytes;
 
 typedef enum { ZT_INIT_NORMAL, ZT_INIT_ZEROS, ZT_INIT_ONES } zt_init_kind;
 
@@ -215,6 +231,7 @@ typedef struct zt_model {
   float *dkv_w; /* kv_rep > 1: [2*hd, C] k, v weight gradient of one block */
   float *dnorm; /* sp: [4, C] a unit's partial norm gradients */
   size_t act_bytes; /* the arena: every slot's activations and a pass's scratch */
+  zt_model_bytes bytes; /* what zt_model_plan counted */
   float *rope_cs;
   int32_t *tokens, *targets;
   float *host_losses;
@@ -244,6 +261,14 @@ int zt_model_sp_check(const zt_model_cfg *cfg, int micro_batch, int tp, zt_err *
  * element count in .numel. */
 int zt_model_layout(zt_model *m, const zt_model_cfg *cfg, int tp_size,
                     int tp_rank, zt_err *e);
+
+/* What zt_model_init would build for TP rank tp_rank of tp_size, without
+ * memory for activations, states or communication: the parameter table,
+ * the chunks and units, and m->bytes, the bytes zt_model_init allocates
+ * (it calls this). The planner's way to know a rank's model; free with
+ * zt_model_free. */
+int zt_model_plan(zt_model *m, const zt_model_cfg *cfg, const zt_backend *be, int micro_batch,
+                  int tp_size, int tp_rank, const zt_stage_cfg *stage, zt_err *e);
 
 /* Layout plus device memory for the activations of micro-batches of
  * `micro_batch` samples (and a tied head's copy of the embedding); the

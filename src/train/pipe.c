@@ -8,6 +8,11 @@
 #include "src/core/trace.h"
 
 #define RECV_WINDOW 4 /* receives posted ahead of the action that needs them */
+/* Sends in flight at once: a fixed pool, allocated at init, so that what
+ * the executor holds is known before it runs (zt_pipe_plan_bytes); a send
+ * finding all busy waits for the oldest, whose receiver has it posted or
+ * will post it (the lists do not deadlock). */
+#define SEND_BUFFERS 4
 
 static const char *const op_names[3] = {"F", "B", "W"};
 
@@ -46,6 +51,12 @@ int zt_pipe_stage(const zt_schedule *s, const int *first, const int *last, int s
   }
   zt_pipe_slots(s, stage, n);
   return ZT_OK;
+}
+
+int64_t zt_pipe_plan_bytes(const zt_model *m) {
+  int64_t msg = (int64_t)m->Ns * m->cfg.dim * (int64_t)zt_dtype_size(m->dt);
+  return (RECV_WINDOW + SEND_BUFFERS) * msg +
+         2 * (int64_t)m->B * m->cfg.seq * (int64_t)sizeof(int32_t);
 }
 
 void zt_pipe_stage_free(zt_stage_cfg *st) {
@@ -97,7 +108,7 @@ int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_
   }
   for (int i = 0; ok && i < p->window; i++)
     ok = (p->rbuf[i] = m->be->alloc(ZT_MEM_DEVICE, p->msg * zt_dtype_size(m->dt))) != NULL;
-  ok = ok && grow_sends(p) == 0; /* the first send buffer: later ones as needed */
+  for (int i = 0; ok && i < SEND_BUFFERS; i++) ok = grow_sends(p) == 0;
   if (!ok) {
     zt_pipe_free(p);
     return zt_err_set(e, ZT_ERUNTIME, "out of memory for the pipeline executor");
@@ -189,9 +200,7 @@ static void send(zt_pipe *p, const float *x, int peer, int t) {
   reap_sends(p);
   int k = 0;
   while (k < p->n_sends && p->sends[k].busy) k++;
-  if (k == p->n_sends && grow_sends(p)) {
-    /* no memory for another buffer: wait for the oldest transfer (its
-     * receiver has it posted or will post it: the lists do not deadlock) */
+  if (k == p->n_sends) { /* all in flight: wait for the oldest */
     k = 0;
     for (int i = 1; i < p->n_sends; i++)
       if (p->sends[i].req.seq < p->sends[k].req.seq) k = i;

@@ -71,6 +71,11 @@ int zt_pipe_stage(const zt_schedule *s, const int *first, const int *last, int s
                   zt_stage_cfg *st, zt_err *e);
 void zt_pipe_stage_free(zt_stage_cfg *st);
 
+/* Bytes zt_pipe_init allocates for model m (from zt_model_plan or
+ * zt_model_init): its receive window and send pool of one [Ns, C]
+ * activation each, and the batch arrays. */
+int64_t zt_pipe_plan_bytes(const zt_model *m);
+
 /* The model must have been made with this stage's chunks (zt_model_init
  * with a zt_stage_cfg whose slots come from zt_pipe_slots). */
 int zt_pipe_init(zt_pipe *p, zt_model *m, zt_comm *pp, const zt_schedule *s, zt_err *e);

@@ -144,6 +144,22 @@ void zt_report_eval(zt_report *r, int64_t step, double val_loss) {
   fflush(stdout);
 }
 
+void zt_report_memory(zt_report *r, int n, const double *m) {
+  if (!r->active) return;
+  for (int k = 0; k < n; k++) {
+    double base = m[3 * k], hwm = m[3 * k + 1], plan = m[3 * k + 2], used = hwm - base;
+    if (base < 0 || hwm < 0) {
+      printf("memory rank %d: not measured (no /proc/self/status)\n", k);
+      continue;
+    }
+    printf("memory rank %d: peak %.1f MiB above the empty process (high-water mark %.1f MiB, "
+           "baseline %.1f MiB), planned %.1f MiB (measured/planned %.3f)\n",
+           k, used / 1048576.0, hwm / 1048576.0, base / 1048576.0, plan / 1048576.0,
+           plan > 0 ? used / plan : 0.0);
+  }
+  fflush(stdout);
+}
+
 void zt_report_close(zt_report *r) {
   if (r->metrics) fclose(r->metrics);
   r->metrics = NULL;

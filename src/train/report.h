@@ -51,6 +51,11 @@ int zt_report_open(zt_report *r, int active, const char *metrics_path,
                    double flops_per_token, double peak_gflops, zt_err *e);
 void zt_report_step(zt_report *r, const zt_step_stats *st);
 void zt_report_eval(zt_report *r, int64_t step, double val_loss);
+/* Each of n ranks' peak memory against its plan, m[3*rank ..]: the empty
+ * process's resident set, the resident high-water mark (both bytes, < 0:
+ * not measured) and the planned peak: one line per rank on stdout (the
+ * metrics file stays one record per step: its readers count on it). */
+void zt_report_memory(zt_report *r, int n, const double *m);
 void zt_report_close(zt_report *r);
 
 /* Times n_rates large SGEMMs on the backend (after one to warm up):

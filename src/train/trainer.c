@@ -126,6 +126,33 @@ static int first_nonfinite(zt_trainer *t, const zt_optim_range *r) {
 
 /* ---- setup ---------------------------------------------------------------- */
 
+void zt_trainer_zero_of(const zt_model *m, const zt_zero_cfg *zero, int *group,
+                        zt_zero_units *units, zt_zero_cfg *zc) {
+  /* a stage's chunks run as separate actions: their units never share a
+   * bucket or a prefetch */
+  for (int u = 0; u < m->n_units; u++) group[u] = -1;
+  int last = m->n_chunks - 1, fin = m->n_units - 1;
+  for (int c = 0; c < m->n_chunks; c++)
+    for (int l = m->chunks[c].first; l <= m->chunks[c].last; l++) group[l + 1] = c;
+  group[0] = 0;
+  group[fin] = last;
+  int hu = m->param_unit[m->head];
+  /* a tied copy (m->bytes.tied_copy) replaces the head's use of unit 0 */
+  *units = (zt_zero_units){
+      .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
+      .tied_unit = m->chunks[last].head && !m->bytes.tied_copy && hu != fin ? hu : -1,
+      .final_unit = fin};
+  *zc = *zero;
+  zc->param_dtype = m->dt;
+}
+
+int64_t zt_trainer_own_bytes(const zt_model *m, int pp, int micro_batch) {
+  int64_t n = 2 * (int64_t)micro_batch * m->cfg.seq * (int64_t)sizeof(int32_t); /* batch */
+  int tied_end = m->cfg.tied && pp > 1 && (m->chunks[0].embed || m->chunks[m->n_chunks - 1].head);
+  if (tied_end) n += m->params[m->embed_tok].t.numel * (int64_t)sizeof(float); /* tied_part */
+  return n + (int64_t)sizeof(zt_step_sums);
+}
+
 int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
                     zt_grid *grid, const zt_zero_cfg *zero, const zt_schedule *sched,
                     const zt_data *train, const zt_data *val, int shuffle,
@@ -134,23 +161,12 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   t->cfg = *cfg;
   t->model = m;
   t->grid = grid;
-  /* a stage's chunks run as separate actions: their units never share a
-   * bucket or a prefetch */
   int *group = malloc((size_t)m->n_units * sizeof *group);
   if (!group) return zt_err_set(e, ZT_ERUNTIME, "out of memory");
-  for (int u = 0; u < m->n_units; u++) group[u] = -1;
-  int last = m->n_chunks - 1, fin = m->n_units - 1;
-  for (int c = 0; c < m->n_chunks; c++)
-    for (int l = m->chunks[c].first; l <= m->chunks[c].last; l++) group[l + 1] = c;
-  group[0] = 0;
-  group[fin] = last;
-  int hu = m->param_unit[m->head];
-  zt_zero_units units = {
-      .n = m->n_units, .start = m->unit_start, .numel = m->unit_numel, .group = group,
-      .tied_unit = m->chunks[last].head && !m->tied_w && hu != fin ? hu : -1, .final_unit = fin};
-  zt_zero_cfg zc = *zero;
+  zt_zero_units units;
+  zt_zero_cfg zc;
+  zt_trainer_zero_of(m, zero, group, &units, &zc);
   t->offload_files = zt_offload_uses(&zero->offload, ZT_PLACE_NVME);
-  zc.param_dtype = m->dt;
   t->zero = zt_zero_new(&zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, e);
   free(group); /* the engine keeps a copy */
   if (!t->zero) return e->code;

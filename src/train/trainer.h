@@ -119,6 +119,18 @@ void zt_trainer_free(zt_trainer *t);
  * tensor concerned. */
 int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e);
 
+/* The ZeRO engine's view of model m as zt_trainer_init gives it:
+ * units (group: room for m->n_units, which units->group points at) and
+ * the engine's policy, zero's with the model's dtype. The planner sizes
+ * the engine from the same. */
+void zt_trainer_zero_of(const zt_model *m, const zt_zero_cfg *zero, int *group,
+                        zt_zero_units *units, zt_zero_cfg *zc);
+/* Bytes zt_trainer_init allocates itself for m (a model from
+ * zt_model_plan or zt_model_init) in a pipeline of pp stages: the batch
+ * arrays, the step's sums and, on a tied model's end stages, the buffer of
+ * the tied embedding's gradient part. */
+int64_t zt_trainer_own_bytes(const zt_model *m, int pp, int micro_batch);
+
 /* Bytes of this rank's model states (the engine's and a tied copy's) and
  * of the engine's gather and bucket buffers. */
 void zt_trainer_bytes(const zt_trainer *t, int64_t *states, int64_t *buffers);
