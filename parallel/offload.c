@@ -296,24 +296,30 @@ void *zt_offload_state(const zt_offload *o, int s, zt_mem_kind *mem) {
 }
 
 /* Elements [x, y) of segment k's state s in the file to or from host
- * memory q: the aligned extent around them through a bounce buffer (read,
- * and for a write changed and written back). */
+ * memory q: a chunk at a time, the aligned extent around it through one
+ * bounce buffer (read, and for a write changed and written back), so that
+ * moving a state never holds more than a chunk of it in host memory (the
+ * file is there because the host may not hold it). */
 static int file_transfer(zt_offload *o, int k, int s, int64_t x, int64_t y, float *q,
                          int to_host, zt_err *e) {
   const seg *g = &o->segs[k];
-  int64_t from = g->off[s] + (x - g->a) * (int64_t)sizeof(float);
-  int64_t lo = from / FILE_ALIGN * FILE_ALIGN;
-  int64_t hi = round_up(from + (y - x) * (int64_t)sizeof(float), FILE_ALIGN);
-  char *b = zt_nvme_buf_alloc((size_t)(hi - lo));
+  char *b = zt_nvme_buf_alloc((size_t)(CHUNK * (int64_t)sizeof(float) + 2 * FILE_ALIGN));
   if (!b) return zt_err_set(e, ZT_ERUNTIME, "out of memory reading the offload file");
-  int t = zt_nvme_read(o->file, lo, b, (size_t)(hi - lo), e);
-  int rc = t < 0 ? e->code : zt_nvme_wait(o->file, t, e);
-  size_t bytes = (size_t)(y - x) * sizeof(float);
-  if (!rc && to_host) memcpy(q, b + (from - lo), bytes);
-  if (!rc && !to_host) {
-    memcpy(b + (from - lo), q, bytes);
-    t = zt_nvme_write(o->file, lo, b, (size_t)(hi - lo), e);
+  int rc = ZT_OK;
+  for (int64_t u = x; !rc && u < y; u += CHUNK) {
+    int64_t v = y - u < CHUNK ? y : u + CHUNK;
+    int64_t from = g->off[s] + (u - g->a) * (int64_t)sizeof(float);
+    int64_t lo = from / FILE_ALIGN * FILE_ALIGN;
+    int64_t hi = round_up(from + (v - u) * (int64_t)sizeof(float), FILE_ALIGN);
+    int t = zt_nvme_read(o->file, lo, b, (size_t)(hi - lo), e);
     rc = t < 0 ? e->code : zt_nvme_wait(o->file, t, e);
+    size_t bytes = (size_t)(v - u) * sizeof(float);
+    if (!rc && to_host) memcpy(q + (u - x), b + (from - lo), bytes);
+    if (!rc && !to_host) {
+      memcpy(b + (from - lo), q + (u - x), bytes);
+      t = zt_nvme_write(o->file, lo, b, (size_t)(hi - lo), e);
+      rc = t < 0 ? e->code : zt_nvme_wait(o->file, t, e);
+    }
   }
   zt_nvme_buf_free(b);
   return rc;

@@ -173,11 +173,21 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   /* the initial weights, of the part of the masters this rank holds (at
    * ZeRO-3, and in 16 bits from ZeRO-1, its shard only) */
   zt_state_view w = zt_zero_state(t->zero, ZT_STATE_MASTER);
-  float *host = w.data ? NULL : malloc((size_t)(w.hi > w.lo ? w.hi - w.lo : 1) * sizeof *host);
-  if (!w.data && !host) return zt_err_set(e, ZT_ERUNTIME, "out of host memory for the initial weights");
-  int rc = zt_model_init_weights(m, cfg->seed, w.data ? w.data : host, w.lo, w.hi, e);
-  if (!rc && host) rc = zt_zero_state_write(t->zero, ZT_STATE_MASTER, w.lo, w.hi - w.lo, host, e);
-  free(host);
+  int rc = ZT_OK;
+  if (w.data) {
+    rc = zt_model_init_weights(m, cfg->seed, w.data, w.lo, w.hi, e);
+  } else { /* spread over memories or in a file: a slice at a time, so that
+            * host memory never holds all of what the policy put elsewhere */
+    const int64_t slice = (int64_t)1 << 20;
+    float *host = malloc((size_t)slice * sizeof *host);
+    if (!host) return zt_err_set(e, ZT_ERUNTIME, "out of host memory for the initial weights");
+    for (int64_t a = w.lo; !rc && a < w.hi; a += slice) {
+      int64_t b = w.hi - a < slice ? w.hi : a + slice;
+      rc = zt_model_init_weights(m, cfg->seed, host, a, b, e);
+      if (!rc) rc = zt_zero_state_write(t->zero, ZT_STATE_MASTER, a, b - a, host, e);
+    }
+    free(host);
+  }
   if (rc) return rc;
   m->hooks = (zt_model_hooks){.ctx = t->zero, .before = hook_before, .after = hook_after};
   t->params_stale = 1; /* initial values or a load: rounded and gathered at the first pass */

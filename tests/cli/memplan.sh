@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The memory planner is right: for a matrix of real runs (1-4 ranks; ZeRO
-# 0-3, tp, pp with schedules, recomputation on and off, fp32 and bf16),
+# 0-3, tp, pp with schedules, recomputation on and off, fp32 and bf16,
+# offload of masters and moments to cpu and nvme),
 # every rank's measured peak — its resident high-water mark less the empty
 # process (what ztrain prints as "memory rank R: peak X MiB above the empty
 # process") — is within 5% of `ztrain plan --json`'s peak_bytes for that
@@ -34,7 +35,7 @@ TIED='zt.gpt{vocab = 4096, seq = 128, dim = 512, layers = 4, heads = 8, tied = t
 LLAMA='zt.llama{vocab = 4096, seq = 128, dim = 512, layers = 4, heads = 8, kv_heads = 4, ffn_dim = 1024}'
 # the command's own bad input: one message, exit 2
 printf 'local zt = require "ztrain"\nmodel = %s\ndata = {train = "%s/tok.bin"}\n' "$GPT" "$W" > s.lua
-for args in "--world 8 s.lua|--world and --mem-per-rank (the layout search) are not built yet" \
+for args in "--world 8 s.lua|--mem-per-rank GiB is required" \
             "--bogus s.lua|unknown option '--bogus'" "missing.lua|missing.lua"; do
   rc=0
   "$Z" plan ${args%%|*} > o.txt 2> e.txt || rc=$?
@@ -85,7 +86,7 @@ for r in plan["ranks"]:
 # the allocations themselves, as rank 0's banner counts them, are the
 # plan's rows: one source of truth, before any resident-memory question
 b = plan["ranks"][0]["breakdown"]
-tot = lambda k: b[k]["bytes"] / 1048576.0
+tot = lambda k: (b[k]["device"] + b[k]["host"]) / 1048576.0  # memory, not nvme files
 ban = re.search(r"model states ([0-9.]+) MiB/rank \(\+ buffers ([0-9.]+) MiB\) \| "
                 r"activations ([0-9.]+) MiB", open(f"{d}/out.txt").read())
 want = [sum(tot(k) for k in ("params", "masters", "grads", "moments", "tied_copy")),
@@ -122,4 +123,15 @@ train.global_batch = 8 schedule = zt.schedule.one_f_one_b{}'
 case_ tp2_pp2_interleaved 4 "$GPT"  'parallel = {tp = 2, pp = 2, zero = 1} train.global_batch = 8
 train.recompute = function(b) return b.index % 2 == 0 end
 schedule = zt.schedule.interleaved{chunks = 2}'
+# offload: the cpu tier's pinned states and staging are resident, the nvme
+# tier's states are not (its files are the plan's nvme column)
+mkdir -p nv
+case_ dp2_z1_offload_cpu 2 "$GPT"   'parallel = {dp = 2, zero = 1} train.precision = "bf16"
+offload = {master = "cpu", moments = "cpu"}'
+case_ dp2_z3_offload_nvme 2 "$GPT"  "parallel = {dp = 2, zero = {stage = 3, overlap = false}}
+offload = {dir = '$W/nv', master = 'nvme', moments = 'nvme'}"
+case_ offload_by_block   1 "$LLAMA" "train.precision = 'bf16'
+offload = {dir = '$W/nv', place = function(g)
+  if g.kind == 'moments' then return g.block % 2 == 0 and 'nvme' or 'cpu' end
+  return 'device' end}"
 echo "memplan: $cases runs, every rank within 5% of its plan"
