@@ -11,9 +11,9 @@
  * trainer's call), the triad a[i] = b[i] + s * c[i] on three float arrays
  * of N elements, and "same traffic": AdamW's reads and writes (p, m, v
  * updated in place from g) with one multiply-add each instead of AdamW's
- * arithmetic, the bandwidth this access pattern itself reaches. Every buffer is first touched by the threads that
- * use it (the same static split), as a trainer's would be after its first
- * step.
+ * arithmetic, the bandwidth this access pattern itself reaches. Every
+ * buffer is first touched by the threads that use it (about the same
+ * static split), as a trainer's would be after its first step.
  *
  * Bytes moved, as STREAM counts them (what the loop names, not the cache
  * line fills a write to a line not yet read may add): AdamW 28 per
@@ -25,15 +25,14 @@
  * counted figure. Prints one JSON line:
  *   {"n": .., "threads": .., "adamw_s": [...], "adamw_bf16_s": [...],
  *    "triad_s": [...], "traffic_s": [...], medians, "nonfinite": ..}
- * A benchmark, not a test: it checks nothing but that AdamW counted no
- * non-finite weight (a non-zero count would mean the values went wrong
- * and the timings describe another loop). */
+ * A benchmark, not a test: it checks nothing. "nonfinite" is AdamW's own
+ * count, 0 expected (the driver warns otherwise: the values went wrong and
+ * the timings would describe another loop). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "kernels/kernels.h"
 #include "src/core/rng.h"
