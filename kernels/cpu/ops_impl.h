@@ -603,6 +603,10 @@ static inline unsigned FN(adamw_piece)(real *restrict p, const real *restrict g,
   const real decay = a->decay, b1 = a->b1, c1 = a->c1, b2 = a->b2, c2 = a->c2;
   const real eps = a->eps, step = a->step, bc2s = a->bc2_sqrt, gs = a->gscale;
   unsigned bad = 0;
+  /* 512-bit vectors where the CPU has them (GCC prefers 256): +3-4% on
+   * the best calls out of cache, the same values (each lane is one
+   * element's scalar arithmetic; the count is an integer sum) */
+#pragma omp simd simdlen(16) reduction(+ : bad)
   for (size_t i = i0; i < i1; i++) {
     real gi = g[i] * gs;
     real pi = p[i] * decay;
