@@ -228,7 +228,8 @@ typedef struct zt_backend {
    * v = b2*v + c2*(g*gscale)^2; p -= step * m / (sqrt(v)/bc2_sqrt + eps);
    * sums->nonfinite += new p not finite (counted in the same pass). With
    * p16 != NULL the new p is also stored there in t16 (the 16-bit weights
-   * the model computes with). */
+   * the model computes with). p, g, m, v and p16 must not overlap (the CPU
+   * loop reads and writes each once, through restrict pointers). */
   void (*adamw)(zt_stream *s, float *p, const float *g, float *m, float *v, size_t n,
                 const zt_adamw_args *a, zt_step_sums *sums, void *p16, zt_dtype t16);
 } zt_backend;

@@ -9,6 +9,7 @@
 #define ST zt_f16_from_f32
 #define LD_N zt_f16_to_f32_fast_n
 #define ST_N zt_f16_from_f32_fast_n
+#define ST_BY_ARRAY /* F16C's; ST is an integer emulation */
 #define FN(name) zt_cpu_f16_##name
 #define GEMM zt_cpu_sgemm /* the f32 build's: gemm_path.h */
 #define EXP zt_expf
