@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "parallel/offload.h"
+#include "parallel/zero_impl.h"
 
 /* One model state: flat elements [lo, hi) at p; `alias`: another state's
  * memory (PARAM is MASTER in fp32), not freed or counted twice. */
@@ -15,17 +16,6 @@ typedef struct state_buf {
   zt_mem_kind mem;
   int alias;
 } state_buf;
-
-typedef struct zt_bucket {
-  int first, last;     /* units, first > last (backward order) or equal */
-  int64_t lo, hi;      /* flat range */
-  int pending;         /* units whose last backward use is still to come */
-  int open;            /* backward is writing its gradients */
-  int buf;             /* pool buffer while open or in flight, else -1 */
-  int *counts;         /* per dp rank: part of [lo, hi) it owns */
-  zt_req req;
-  int in_flight;
-} zt_bucket;
 
 struct zt_zero {
   zt_zero_cfg cfg;
@@ -67,20 +57,6 @@ struct zt_zero {
   float *owned_scratch; /* zt_zero_owned_weights of state held in a file */
 };
 
-#define GRAD_BUFFERS (ZT_ZERO_BUCKETS_IN_FLIGHT + 1) /* and the one backward writes */
-#define GATHER_BUFFERS 3 /* stage 3: current, prefetched next, tied unit */
-
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-int64_t zt_zero_part(int64_t numel, int dp, int r, int64_t a, int64_t b, int64_t *from) {
-  int64_t S = (numel + dp - 1) / dp;
-  int64_t lo = min64((int64_t)r * S, numel), hi = min64((int64_t)(r + 1) * S, numel);
-  int64_t s = max64(a, lo), t = min64(b, hi);
-  if (from) *from = s;
-  return t > s ? t - s : 0;
-}
-
 /* Part of flat range [a, b) that dp rank r owns. */
 static int64_t owned(const zt_zero *z, int r, int64_t a, int64_t b, int64_t *from) {
   return zt_zero_part(z->numel, z->dp->size, r, a, b, from);
@@ -107,51 +83,12 @@ static float *alloc_f(zt_zero *z, int64_t n, int64_t *account) {
   return p;
 }
 
-/* Buckets in backward order: units numbered down from the last, packed up
- * to bucket_bytes (at least one unit each) within a group; the tied unit
- * alone, since its gradients are written both first (by the head) and
- * last. Empty units belong to no bucket. Fills b[] (room for u->n) and
- * bucket_of; returns how many. */
-static int pack_buckets(const zt_zero_units *u, int64_t bucket_bytes, zt_bucket *bk,
-                        int *bucket_of) {
-  int nb = 0;
-  int64_t cap = bucket_bytes / (int64_t)sizeof(float);
-  for (int i = u->n - 1; i >= 0; i--) {
-    bucket_of[i] = -1;
-    if (!u->numel[i]) continue;
-    zt_bucket *b = nb ? &bk[nb - 1] : NULL;
-    int alone = i == u->tied_unit || (b && b->first == u->tied_unit);
-    int gi = u->group ? u->group[i] : 0, gb = b && u->group ? u->group[b->first] : 0;
-    if (!b || alone || b->hi - u->start[i] > cap || gi != gb) {
-      b = &bk[nb++];
-      b->first = i;
-      b->hi = u->start[i] + u->numel[i];
-    }
-    b->last = i;
-    b->lo = u->start[i];
-    bucket_of[i] = nb - 1;
-  }
-  return nb;
-}
-
-/* The bucket buffers' sizes, in elements: the largest bucket, and the
- * largest part of one that dp rank `rank` owns. */
-static void bucket_extent(const zt_bucket *bk, int nb, int64_t numel, int dp, int rank,
-                          int64_t *buf, int64_t *recv) {
-  *buf = *recv = 0;
-  for (int i = 0; i < nb; i++) {
-    int64_t own = zt_zero_part(numel, dp, rank, bk[i].lo, bk[i].hi, NULL);
-    if (bk[i].hi - bk[i].lo > *buf) *buf = bk[i].hi - bk[i].lo;
-    if (own > *recv) *recv = own;
-  }
-}
-
 static int plan_buckets(zt_zero *z) {
   int n = z->u.n;
   z->buckets = calloc((size_t)n, sizeof *z->buckets);
   z->bucket_of = malloc((size_t)n * sizeof *z->bucket_of);
   if (!z->buckets || !z->bucket_of) return -1;
-  int nb = z->n_buckets = pack_buckets(&z->u, z->cfg.bucket_bytes, z->buckets, z->bucket_of);
+  int nb = z->n_buckets = zt_zero_pack_buckets(&z->u, z->cfg.bucket_bytes, z->buckets, z->bucket_of);
   for (int i = 0; i < nb; i++) {
     zt_bucket *b = &z->buckets[i];
     b->buf = -1;
@@ -159,101 +96,8 @@ static int plan_buckets(zt_zero *z) {
     if (!b->counts) return -1;
     for (int r = 0; r < z->dp->size; r++) b->counts[r] = (int)owned(z, r, b->lo, b->hi, NULL);
   }
-  bucket_extent(z->buckets, nb, z->numel, z->dp->size, z->dp->rank, &z->buf_elems,
+  zt_zero_bucket_extent(z->buckets, nb, z->numel, z->dp->size, z->dp->rank, &z->buf_elems,
                 &z->recv_elems);
-  return 0;
-}
-
-/* Whether the policy moves any state off the device. */
-static int offloads(const zt_offload_cfg *c) {
-  for (int k = 0; k < ZT_OFF_KINDS; k++)
-    if (zt_offload_any(c, (zt_offload_kind)k)) return 1;
-  return 0;
-}
-
-/* The offload store's layout for dp rank r: the units over the range the
- * optimizer updates (the whole buffer at stage 0, the shard from 1). */
-static zt_offload_layout offload_layout(const zt_zero_cfg *c, const zt_zero_units *u,
-                                        int64_t numel, int dp, int r) {
-  int64_t lo = 0, n = numel;
-  if (c->stage) n = zt_zero_part(numel, dp, r, 0, numel, &lo);
-  return (zt_offload_layout){.n_units = u->n, .start = u->start, .numel = u->numel, .lo = lo,
-                             .hi = lo + n, .param_dt = c->param_dtype,
-                             .master_is_param = c->param_dtype == ZT_F32, .rank = r};
-}
-
-/* How the stage holds state k without offload: whole or as the shard, in
- * what dtype, where; *alias: it is another state's memory (fp32 PARAM is
- * MASTER). An offload policy moves MASTER and the moments into an offload
- * store (offload_states, offload_layout). */
-static void state_layout(const zt_zero_cfg *c, zt_state_kind k, int *whole, zt_dtype *dt,
-                         zt_mem_kind *mem, int *alias) {
-  int st = c->stage, half = c->param_dtype != ZT_F32;
-  *dt = ZT_F32, *mem = ZT_MEM_DEVICE, *alias = 0;
-  switch (k) {
-    case ZT_STATE_PARAM: *whole = st < 3, *dt = c->param_dtype; break;
-    /* the masters live where the policy places them, unless the passes
-     * compute with them (fp32): then they are PARAM, on the device */
-    case ZT_STATE_MASTER: *whole = half ? st == 0 : st < 3, *alias = !half; break;
-    case ZT_STATE_GRAD: *whole = st < 2; break;
-    default: *whole = st == 0; /* the moments */
-  }
-}
-
-int zt_zero_plan_bytes(const zt_zero_cfg *cfg, int dp, int dp_rank, int64_t numel,
-                       const zt_zero_units *units, zt_zero_sizes *out) {
-  memset(out, 0, sizeof *out);
-  int64_t S = (numel + dp - 1) / dp;
-  for (int k = 0; k < ZT_STATE_KINDS; k++) {
-    int whole, alias;
-    zt_dtype dt;
-    zt_mem_kind mem;
-    state_layout(cfg, (zt_state_kind)k, &whole, &dt, &mem, &alias);
-    out->elems[k] = whole ? numel : S;
-    out->state[k] = alias ? 0 : out->elems[k] * (int64_t)zt_dtype_size(dt);
-    out->placed[k][mem == ZT_MEM_DEVICE ? ZT_PLACE_DEVICE : ZT_PLACE_CPU] = out->state[k];
-  }
-  if (offloads(&cfg->offload)) { /* the masters and moments as the store lays them out */
-    static const zt_state_kind kinds[ZT_OFF_STATES] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,
-                                                       ZT_STATE_EXP_AVG_SQ};
-    zt_offload_layout lay = offload_layout(cfg, units, numel, dp, dp_rank);
-    int64_t b[ZT_OFF_STATES][ZT_PLACES];
-    if (zt_offload_plan_bytes(&cfg->offload, &lay, b, &out->offload_staging)) return -1;
-    for (int s = 0; s < ZT_OFF_STATES; s++) {
-      zt_state_kind k = kinds[s];
-      out->elems[k] = lay.hi - lay.lo;
-      out->state[k] = b[s][ZT_PLACE_DEVICE] + b[s][ZT_PLACE_CPU];
-      memcpy(out->placed[k], b[s], sizeof b[s]);
-    }
-  }
-  int half_reduce = cfg->reduce_dtype != ZT_F32;
-  if (cfg->stage >= 2) {
-    zt_bucket *bk = calloc((size_t)units->n + 1, sizeof *bk);
-    int *of = malloc(((size_t)units->n + 1) * sizeof *of);
-    if (!bk || !of) {
-      free(bk);
-      free(of);
-      return -1;
-    }
-    int nb = pack_buckets(units, cfg->bucket_bytes, bk, of);
-    bucket_extent(bk, nb, numel, dp, dp_rank, &out->bucket_elems, &out->recv_elems);
-    int big = -1;
-    for (int i = 0; i < nb; i++)
-      if (big < 0 || bk[i].hi - bk[i].lo > bk[big].hi - bk[big].lo) big = i;
-    for (int i = 0; i < nb; i++)
-      if (i != big && bk[i].hi - bk[i].lo > out->bucket_next) out->bucket_next = bk[i].hi - bk[i].lo;
-    free(bk);
-    free(of);
-    out->buckets = GRAD_BUFFERS * (out->bucket_elems + out->recv_elems) *
-                   (int64_t)(sizeof(float) + (half_reduce ? 2 : 0));
-  } else if (half_reduce) {
-    out->reduce16 = numel * 2;
-  }
-  if (cfg->stage >= 3) {
-    for (int u = 0; u < units->n; u++)
-      if (units->numel[u] > out->gather_elems) out->gather_elems = units->numel[u];
-    out->gather = GATHER_BUFFERS * out->gather_elems * (int64_t)zt_dtype_size(cfg->param_dtype);
-  }
   return 0;
 }
 
@@ -264,7 +108,7 @@ static int alloc_state(zt_zero *z, zt_state_kind k) {
   int whole, alias;
   zt_dtype dt;
   zt_mem_kind mem;
-  state_layout(&z->cfg, k, &whole, &dt, &mem, &alias);
+  zt_zero_state_layout(&z->cfg, k, &whole, &dt, &mem, &alias);
   state_buf *b = &z->st[k];
   if (alias) {
     *b = z->st[ZT_STATE_PARAM];
@@ -282,7 +126,7 @@ static int alloc_state(zt_zero *z, zt_state_kind k) {
  * views point into it where a state lives in one memory. */
 static int offload_states(zt_zero *z, int separate, zt_err *e) {
   const state_buf *p = &z->st[ZT_STATE_PARAM];
-  zt_offload_layout lay = offload_layout(&z->cfg, &z->u, z->numel, z->dp->size, z->dp->rank);
+  zt_offload_layout lay = zt_zero_offload_layout(&z->cfg, &z->u, z->numel, z->dp->size, z->dp->rank);
   int64_t lo = lay.lo, hi = lay.hi;
   lay.param = (char *)p->p + (size_t)(lo - p->lo) * zt_dtype_size(p->dt);
   lay.rank = z->dp->world_ranks ? z->dp->world_ranks[z->dp->rank] : z->dp->rank;
@@ -340,7 +184,7 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
   z->lo = z->displs[dp->rank];
   z->hi = z->lo + z->counts[dp->rank];
   int stage = cfg->stage, half = cfg->param_dtype != ZT_F32;
-  int offloaded = offloads(&cfg->offload);
+  int offloaded = zt_zero_offloads(&cfg->offload);
   /* fp32 masters are the weights the passes compute with, unless the
    * policy moves some of them off the device: then PARAM is their copy */
   int separate = half || zt_offload_any(&cfg->offload, ZT_OFF_MASTER);

@@ -1,5 +1,16 @@
 # common: what the shell tests share. Source it: . "$(dirname "$0")/common.sh"
 
+# zt_setup "$@" for a test called as TEST.sh ZTRAIN [MPIRUN...]: Z (the
+# binary's absolute path), MPI (the launcher's words), HERE (tests/), then
+# zt_scratch.
+zt_setup() {
+  Z=$(realpath "$1")
+  shift
+  MPI=("$@")
+  HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  zt_scratch
+}
+
 # A scratch folder in $W, removed when the test exits; the test runs in it.
 zt_scratch() {
   W=$(mktemp -d)

@@ -12,10 +12,8 @@
 # message, nothing written.
 # Usage: data_sources.sh ZTRAIN MPIRUN... (MPIRUN with its options)
 set -eu
-Z=$(realpath "$1"); shift
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens a.bin 11 6000
 mkdir shards
 zt_tokens shards/s0.bin 12 900
@@ -45,7 +43,7 @@ data = {train = {{0.6, "corpus"}, {0.4, {"a.bin", "shards/*.bin"}}}, shuffle = t
 LUA
 t0=$(date +%s)
 OMP_NUM_THREADS=1 "$Z" run.lua --metrics ref.jsonl --save ref.h5 > /dev/null
-OMP_NUM_THREADS=1 "$@" -np 2 "$Z" run.lua --metrics dp2.jsonl --save dp2.h5 > /dev/null
+OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$Z" run.lua --metrics dp2.jsonl --save dp2.h5 > /dev/null
 echo -n "blend dp=2: "
 /usr/bin/python3 "$HERE/ref/equiv.py" ref.jsonl ref.h5 dp2.jsonl dp2.h5
 # stopped at step 5 (the schedule fixed: --steps alone would shorten its decay), continued from its checkpoint to 12

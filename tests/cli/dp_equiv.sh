@@ -3,10 +3,8 @@
 # split over 2 and 4 ranks gives the same losses and weights as np=1.
 # Usage: dp_equiv.sh ZTRAIN MPIRUN... (MPIRUN with its options)
 set -eu
-Z=$(realpath "$1"); shift
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens tok.bin 3 20000
 for arch in gpt llama; do
   if [ $arch = gpt ]; then m='zt.gpt{vocab = 256, seq = 16, dim = 32, layers = 2, heads = 2}'
@@ -20,7 +18,7 @@ data = {train = "tok.bin", shuffle = true}
 LUA
   OMP_NUM_THREADS=1 "$Z" run.lua --metrics ref.jsonl --save ref.h5 > /dev/null
   for np in 2 4; do
-    OMP_NUM_THREADS=1 "$@" -np $np "$Z" run.lua --metrics dp$np.jsonl --save dp$np.h5 > /dev/null
+    OMP_NUM_THREADS=1 "${MPI[@]}" -np $np "$Z" run.lua --metrics dp$np.jsonl --save dp$np.h5 > /dev/null
     echo -n "$arch dp=$np: "
     /usr/bin/python3 "$HERE/ref/equiv.py" ref.jsonl ref.h5 dp$np.jsonl dp$np.h5
   done

@@ -12,10 +12,8 @@
 # WarmupCosineLR, log and linear warmup, over a run longer than the warmup.
 # Usage: ds_config.sh ZTRAIN MPIRUN...
 set -u
-Z=$(realpath "$1"); shift
-MPI=("$@")
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens tok.bin 5 20000
 
 cat > run.lua <<'LUA'

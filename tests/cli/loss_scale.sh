@@ -17,11 +17,8 @@
 #    the scale sequence and ends bitwise equal.
 # Usage: loss_scale.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1"); shift
-MPI=("$@")
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens tok.bin 9 20000
 cat > run.lua <<LUA
 local zt = require "ztrain"

@@ -24,10 +24,8 @@
 # The layouts name dp: the plan of a script is the layout it asks for.
 # Usage: memplan.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1"); shift
-MPI=("$@")
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens tok.bin 3 100000 4096
 
 GPT='zt.gpt{vocab = 4096, seq = 128, dim = 512, layers = 4, heads = 8}'

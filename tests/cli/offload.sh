@@ -22,11 +22,8 @@
 # written.
 # Usage: offload.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1"); shift
-MPI=("$@")
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens tok.bin 5 20000
 export OMP_NUM_THREADS=1
 cat > run.lua <<LUA

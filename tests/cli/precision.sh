@@ -19,11 +19,8 @@
 #    loss_scale and skipped, and the loss falls.
 # Usage: precision.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1"); shift
-MPI=("$@")
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 ZTRAIN=$Z /usr/bin/python3 "$HERE/../examples/make_demo_data.py" data > /dev/null
 cat > run.lua <<LUA
 local zt = require "ztrain"

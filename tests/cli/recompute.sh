@@ -8,11 +8,8 @@
 # tp 2 with sequence parallelism, and dp 2 x pp 2 with ZeRO-3.
 # Usage: recompute.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1"); shift
-MPI=("$@")
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 zt_tokens tok.bin 5 20000
 
 model() {

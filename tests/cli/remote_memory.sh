@@ -13,11 +13,8 @@
 # and a failure the device reports late stops the run cleanly.
 # Usage: remote_memory.sh ZTRAIN MPIRUN...
 set -eu
-Z=$(realpath "$1"); shift
-MPI=("$@")
-HERE=$(cd "$(dirname "$0")/.." && pwd)
 . "$(dirname "$0")/common.sh"
-zt_scratch
+zt_setup "$@"
 ZTRAIN=$Z /usr/bin/python3 "$HERE/../examples/make_demo_data.py" data > /dev/null
 fail=0
 for arch in gpt llama; do

@@ -1,7 +1,8 @@
-/* `ztrain plan SCRIPT --world N --mem-per-rank GiB ...` before the lead
- * connects it to ztrain's dispatch and to the memory planner: the same
- * entry (src/cli/ztrain_plan_search.h) with the test double for memory
- * (plan_search_double.h). Usage: plan_search_cli plan SCRIPT.lua ... */
+/* `ztrain plan SCRIPT --world N --mem-per-rank GiB ...` with the test
+ * double for memory (plan_search_double.h) in place of the memory planner
+ * ztrain gives it: the same entry (src/cli/ztrain_plan_search.h), so the
+ * search's filtering and ranking are tested on numbers the test controls.
+ * Usage: plan_search_cli plan SCRIPT.lua ... */
 #include <stdio.h>
 
 #include "src/cli/ztrain_plan_search.h"
