@@ -245,6 +245,9 @@ static const zt_backend zt_cuda_table = {
     .event_sync = cuda_event_sync,
     .gemm = zt_cuda_gemm,
     .gemm_scratch = zt_cuda_gemm_scratch,
+    /* the kernels allocate no host memory inside a call (device scratch comes
+     * from the stream-ordered pool, the planner's workspace row) */
+    .op_scratch = NULL,
     .embed_fwd = zt_cuda_embed_fwd,
     .embed_bwd = zt_cuda_embed_bwd,
     .layernorm_fwd = zt_cuda_layernorm_fwd,
