@@ -22,7 +22,9 @@ enum { SL_G = 0, SL_W, SL_M, SL_V, SL_W16, SL_BUFS };
  * its element a; off: its byte offset in the nvme file). */
 typedef struct seg {
   int64_t a, b;
+  int unit;
   unsigned char place[ZT_OFF_STATES];
+  unsigned char param_place; /* of the unit's weights (PARAM) */
   char *ptr[ZT_OFF_STATES];
   int64_t off[ZT_OFF_STATES];
 } seg;
@@ -81,6 +83,14 @@ static void *param_at(const zt_offload *o, int64_t i) {
   return (char *)o->lay.param + (size_t)(i - o->lay.lo) * xsize(o);
 }
 
+/* PARAM at flat element i of segment k: in the unit's own part where the
+ * weights are placed per unit, else in the one buffer. */
+static void *seg_param(const zt_offload *o, int k, int64_t i) {
+  const seg *g = &o->segs[k];
+  if (!o->lay.unit_param) return param_at(o, i);
+  return (char *)o->lay.unit_param[g->unit] + (size_t)(i - g->a) * xsize(o);
+}
+
 /* State s of segment k at flat element i. */
 static float *at(const zt_offload *o, int k, int s, int64_t i) {
   return (float *)o->segs[k].ptr[s] + (i - o->segs[k].a);
@@ -88,8 +98,10 @@ static float *at(const zt_offload *o, int k, int s, int64_t i) {
 
 static int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+/* Updated on the host: any of its states or its weights off the device
+ * (a device kernel cannot write weights in host memory). */
 static int host_updated(const seg *g) {
-  return g->place[ZT_OFF_W] || g->place[ZT_OFF_M] || g->place[ZT_OFF_V];
+  return g->place[ZT_OFF_W] || g->place[ZT_OFF_M] || g->place[ZT_OFF_V] || g->param_place;
 }
 
 /* Units cut by [lo, hi): the segments, and the host-updated ones in chunks. */
@@ -105,6 +117,8 @@ static int plan_segments(zt_offload *o, const zt_offload_cfg *cfg) {
     seg *g = &o->segs[o->nseg++];
     g->a = a;
     g->b = b;
+    g->unit = u;
+    g->param_place = cfg->place[ZT_OFF_PARAMS] ? cfg->place[ZT_OFF_PARAMS][u] : 0;
     g->place[ZT_OFF_W] = cfg->place[ZT_OFF_MASTER] ? cfg->place[ZT_OFF_MASTER][u] : 0;
     g->place[ZT_OFF_M] = g->place[ZT_OFF_V] =
         cfg->place[ZT_OFF_MOMENTS] ? cfg->place[ZT_OFF_MOMENTS][u] : 0;
@@ -173,7 +187,7 @@ static int alloc_states(zt_offload *o) {
       seg *g = &o->segs[k];
       int p = g->place[s];
       if (p == ZT_PLACE_NVME) continue;
-      if (p == ZT_PLACE_DEVICE && alias) g->ptr[s] = param_at(o, g->a);
+      if (p == ZT_PLACE_DEVICE && alias) g->ptr[s] = seg_param(o, k, g->a);
       else g->ptr[s] = (char *)o->buf[s][p] + (size_t)used[p] * sizeof(float);
       used[p] += g->b - g->a;
     }
@@ -219,13 +233,16 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
   o->cpu = zt_backend_cpu();
   o->stream = stream;
   o->lay = *lay;
-  for (int k = 0; k < ZT_OFF_KINDS; k++)
-    if (k != ZT_OFF_MASTER && k != ZT_OFF_MOMENTS && zt_offload_any(cfg, k)) {
-      zt_offload_free(o);
-      zt_err_set(e, ZT_EINPUT, "offload: %s cannot be offloaded; only master and moments can",
-                 kind_names[k]);
-      return NULL;
-    }
+  int params_nvme = 0;
+  for (int u = 0; cfg->place[ZT_OFF_PARAMS] && u < cfg->n_units; u++)
+    params_nvme |= cfg->place[ZT_OFF_PARAMS][u] == ZT_PLACE_NVME;
+  if (zt_offload_any(cfg, ZT_OFF_GRADS) || params_nvme ||
+      (zt_offload_any(cfg, ZT_OFF_PARAMS) && !lay->unit_param)) {
+    zt_offload_free(o);
+    zt_err_set(e, ZT_EINPUT, "offload: %s cannot be offloaded here; master and moments can, and "
+               "params on cpu at ZeRO stage 3", params_nvme ? "params on nvme" : "grads");
+    return NULL;
+  }
   for (int i = 0; i < NSLOT; i++)
     for (int s = 0; s < ZT_OFF_STATES; s++) o->rd[i][s] = o->wr[i][s] = -1;
   const char *serial = getenv("ZT_TEST_OFFLOAD_SERIAL");
@@ -291,7 +308,8 @@ void *zt_offload_state(const zt_offload *o, int s, zt_mem_kind *mem) {
     if (o->segs[k].place[s] != p) return NULL;
   if (p == ZT_PLACE_NVME) return NULL;
   *mem = p == ZT_PLACE_CPU ? ZT_MEM_PINNED : ZT_MEM_DEVICE;
-  if (p == ZT_PLACE_DEVICE && s == ZT_OFF_W && o->lay.master_is_param) return o->lay.param;
+  if (p == ZT_PLACE_DEVICE && s == ZT_OFF_W && o->lay.master_is_param)
+    return o->lay.unit_param ? NULL : o->lay.param; /* PARAM, which may be spread */
   return o->buf[s][p];
 }
 
@@ -368,10 +386,10 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e) {
   size_t x = xsize(o);
   for (int k = 0; k < o->nseg; k++) {
     const seg *g = &o->segs[k];
-    if (g->place[ZT_OFF_W] == ZT_PLACE_DEVICE) {
+    if (g->place[ZT_OFF_W] == ZT_PLACE_DEVICE && (!half(o) || !g->param_place)) {
       if (half(o))
-        o->be->convert(o->stream, o->lay.param_dt, param_at(o, g->a), ZT_F32, g->ptr[ZT_OFF_W],
-                       (size_t)(g->b - g->a));
+        o->be->convert(o->stream, o->lay.param_dt, seg_param(o, k, g->a), ZT_F32,
+                       g->ptr[ZT_OFF_W], (size_t)(g->b - g->a));
       continue; /* fp32: PARAM is the masters */
     }
     /* through the staging: rounded on the host as the host update rounds */
@@ -385,7 +403,7 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e) {
         o->cpu->convert(o->hs, o->lay.param_dt, o->slot[0][SL_W16], ZT_F32, w, (size_t)n);
         src = o->slot[0][SL_W16];
       }
-      o->be->copy(o->stream, param_at(o, a), src, (size_t)n * x);
+      o->be->copy(o->stream, seg_param(o, k, a), src, (size_t)n * x);
       o->be->stream_sync(o->stream); /* the staging is reused next */
     }
   }
@@ -464,8 +482,9 @@ static int store(zt_offload *o, int i, zt_err *e) {
         (o->wr[k][s] = zt_nvme_write(o->file, file_off(o, c, s), sl[SL_W + s], file_len(c), e)) < 0)
       return e->code;
   }
-  if (half(o)) o->be->copy(o->cs, param_at(o, c->a), sl[SL_W16], (size_t)c->n * xsize(o));
-  else o->be->copy(o->cs, param_at(o, c->a), host_state(o, i, ZT_OFF_W), bytes);
+  void *param = seg_param(o, c->s, c->a);
+  if (half(o)) o->be->copy(o->cs, param, sl[SL_W16], (size_t)c->n * xsize(o));
+  else o->be->copy(o->cs, param, host_state(o, i, ZT_OFF_W), bytes);
   o->be->event_record(o->ev_out[k], o->cs);
   if (o->serial) {
     o->be->event_sync(o->ev_out[k]);
@@ -489,7 +508,7 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
     zt_update_range r = {.lo = sg->a, .hi = sg->b, .w = at(o, k, ZT_OFF_W, sg->a),
                          .g = g + (sg->a - o->lay.lo), .m = at(o, k, ZT_OFF_M, sg->a),
                          .v = at(o, k, ZT_OFF_V, sg->a),
-                         .w16 = half(o) ? param_at(o, sg->a) : NULL, .dt16 = o->lay.param_dt};
+                         .w16 = half(o) ? seg_param(o, k, sg->a) : NULL, .dt16 = o->lay.param_dt};
     fn(ctx, dev, &r);
   }
   if (!o->nchunk) return ZT_OK;

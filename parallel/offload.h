@@ -7,6 +7,10 @@
  * updated weights copied back up in chunks on a copy stream, written as
  * if the device were asynchronous: chunk i+1 (and i+2) is being copied
  * down while chunk i updates, chunk i-1's weights are going back up.
+ * The weights the passes compute with (PARAM) may be placed per unit too
+ * (ZeRO-Infinity's parameter tier; the owner allocates them, unit_param
+ * says where): a unit whose weights live on the host is updated on the
+ * host, its new weights copied to where they live.
  * The ZeRO engine (zero.c) owns one of these when its policy offloads
  * anything; nothing here knows ZeRO or models, only flat ranges and units. */
 #ifndef ZT_OFFLOAD_H
@@ -86,6 +90,9 @@ typedef struct zt_offload_layout {
   const int64_t *start, *numel;
   int64_t lo, hi;
   void *param;
+  void *const *unit_param; /* params placed per unit (then param is unused): each
+                            * unit's part of PARAM, at its first element in
+                            * [lo, hi); NULL: one buffer */
   zt_dtype param_dt;
   int master_is_param;
   int rank;

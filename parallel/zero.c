@@ -50,6 +50,17 @@ struct zt_zero {
   int *unit_counts;   /* per unit: gather counts then displacements per dp rank */
   int64_t gbuf_elems;
 
+  /* stage 3, params placed per unit: each unit's piece of PARAM where the
+   * policy put it, packed in a device and a pinned buffer; the host ones
+   * copied down into staging buffers on a copy stream ahead of use */
+  void **unit_param;        /* per unit, its first element in [lo, hi); NULL none */
+  void *param_dev, *param_host;
+  zt_stream *cs;
+  void *stage[PARAM_STAGE_BUFFERS];
+  int stage_unit[PARAM_STAGE_BUFFERS], stage_evict;
+  zt_event *stage_in[PARAM_STAGE_BUFFERS], *stage_out[PARAM_STAGE_BUFFERS];
+  zt_event *params_ready; /* the model stream where the weights were last written */
+
   int64_t state_bytes, buffer_bytes; /* model states; gather + bucket buffers */
 
   /* the policy offloads masters or moments: they live in this store */
@@ -121,6 +132,43 @@ static int alloc_state(zt_zero *z, zt_state_kind k) {
   return b->p != NULL;
 }
 
+/* Stage 3 with params placed per unit: PARAM as two packed buffers, the
+ * device's and the pinned host's (flat order within each); the state's
+ * view has no one pointer then. */
+static int alloc_placed_params(zt_zero *z) {
+  const unsigned char *pl = z->cfg.offload.place[ZT_OFF_PARAMS];
+  size_t x = zt_dtype_size(z->cfg.param_dtype);
+  int64_t n[2], stage, used[2] = {0, 0};
+  zt_zero_param_split(&z->cfg, &z->u, z->numel, z->dp->size, z->dp->rank, n, &stage);
+  z->unit_param = calloc((size_t)z->u.n, sizeof *z->unit_param);
+  z->param_dev = z->be->alloc(ZT_MEM_DEVICE, (size_t)(n[0] ? n[0] : 1) * x);
+  z->param_host = n[1] ? z->be->alloc(ZT_MEM_PINNED, (size_t)n[1] * x) : NULL;
+  if (!z->unit_param || !z->param_dev || (n[1] && !z->param_host)) return 0;
+  z->state_bytes += (n[0] + n[1]) * (int64_t)x;
+  for (int u = 0; u < z->u.n; u++) {
+    int64_t m = owned(z, z->dp->rank, z->u.start[u], z->u.start[u] + z->u.numel[u], NULL);
+    int h = pl[u] != ZT_PLACE_DEVICE;
+    if (m) z->unit_param[u] = (char *)(h ? z->param_host : z->param_dev) + (size_t)used[h] * x;
+    used[h] += m;
+  }
+  z->st[ZT_STATE_PARAM] = (state_buf){.p = n[0] ? (n[1] ? NULL : z->param_dev) : z->param_host,
+                                      .lo = z->lo, .hi = z->hi, .dt = z->cfg.param_dtype,
+                                      .mem = n[0] ? ZT_MEM_DEVICE : ZT_MEM_PINNED};
+  if (!n[1]) return 1;
+  /* the copy stream and staging of the host pieces; every event recorded
+   * once so that a first wait on it passes */
+  int ok = (z->cs = z->be->stream_new()) && (z->params_ready = z->be->event_new());
+  for (int i = 0; ok && i < PARAM_STAGE_BUFFERS; i++) {
+    z->stage_unit[i] = -1;
+    ok = (z->stage[i] = z->be->alloc(ZT_MEM_DEVICE, (size_t)stage * x)) &&
+         (z->stage_in[i] = z->be->event_new()) && (z->stage_out[i] = z->be->event_new());
+    if (ok) z->be->event_record(z->stage_out[i], z->stream);
+    z->buffer_bytes += stage * (int64_t)x;
+  }
+  if (ok) z->be->event_record(z->params_ready, z->stream);
+  return ok;
+}
+
 /* The masters and moments in an offload store, over the range the
  * optimizer updates (the whole buffer at stage 0, the shard from 1); the
  * views point into it where a state lives in one memory. */
@@ -128,7 +176,8 @@ static int offload_states(zt_zero *z, int separate, zt_err *e) {
   const state_buf *p = &z->st[ZT_STATE_PARAM];
   zt_offload_layout lay = zt_zero_offload_layout(&z->cfg, &z->u, z->numel, z->dp->size, z->dp->rank);
   int64_t lo = lay.lo, hi = lay.hi;
-  lay.param = (char *)p->p + (size_t)(lo - p->lo) * zt_dtype_size(p->dt);
+  if (z->unit_param) lay.unit_param = z->unit_param;
+  else lay.param = (char *)p->p + (size_t)(lo - p->lo) * zt_dtype_size(p->dt);
   lay.rank = z->dp->world_ranks ? z->dp->world_ranks[z->dp->rank] : z->dp->rank;
   z->off = zt_offload_new(&z->cfg.offload, &lay, z->be, z->stream, e);
   if (!z->off) return e->code;
@@ -187,10 +236,13 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
   int offloaded = zt_zero_offloads(&cfg->offload);
   /* fp32 masters are the weights the passes compute with, unless the
    * policy moves some of them off the device: then PARAM is their copy */
-  int separate = half || zt_offload_any(&cfg->offload, ZT_OFF_MASTER);
+  int64_t pn[2], pstage;
+  int placed = zt_zero_param_split(cfg, units, numel, dp->size, dp->rank, pn, &pstage);
+  int separate = half || zt_offload_any(&cfg->offload, ZT_OFF_MASTER) || placed;
   int ok = 1;
   if (offloaded) {
-    ok = alloc_state(z, ZT_STATE_PARAM) && alloc_state(z, ZT_STATE_GRAD);
+    ok = (placed ? alloc_placed_params(z) : alloc_state(z, ZT_STATE_PARAM)) &&
+         alloc_state(z, ZT_STATE_GRAD);
     if (ok && !(ok = offload_states(z, separate, e) == ZT_OK)) {
       zt_zero_free(z);
       return NULL;
@@ -268,8 +320,20 @@ void zt_zero_free(zt_zero *z) {
   if (!z) return;
   zt_offload_free(z->off);
   free(z->owned_scratch);
-  for (int k = 0; k < ZT_STATE_KINDS; k++)
-    if (z->st[k].p && !z->st[k].alias) z->be->free(z->st[k].mem, z->st[k].p);
+  if (z->cs) z->be->stream_sync(z->cs);
+  for (int i = 0; i < PARAM_STAGE_BUFFERS; i++) {
+    if (z->stage[i]) z->be->free(ZT_MEM_DEVICE, z->stage[i]);
+    if (z->stage_in[i]) z->be->event_free(z->stage_in[i]);
+    if (z->stage_out[i]) z->be->event_free(z->stage_out[i]);
+  }
+  if (z->params_ready) z->be->event_free(z->params_ready);
+  if (z->cs) z->be->stream_free(z->cs);
+  if (z->param_dev) z->be->free(ZT_MEM_DEVICE, z->param_dev);
+  if (z->param_host) z->be->free(ZT_MEM_PINNED, z->param_host);
+  free(z->unit_param);
+  for (int k = 0; k < ZT_STATE_KINDS; k++) /* placed params: param_dev and param_host */
+    if (z->st[k].p && !z->st[k].alias && !(k == ZT_STATE_PARAM && z->unit_param))
+      z->be->free(z->st[k].mem, z->st[k].p);
   for (int i = 0; z->bufs && i < z->n_bufs; i++) {
     z->be->free(ZT_MEM_DEVICE, z->bufs[i]);
     z->be->free(ZT_MEM_DEVICE, z->recv[i]);
@@ -328,12 +392,28 @@ static void *param_at(const zt_zero *z, int64_t i) {
   return (char *)b->p + (size_t)(i - b->lo) * zt_dtype_size(b->dt);
 }
 
+/* PARAM at flat element i of unit u (its piece on this rank must hold i). */
+static void *unit_param_at(const zt_zero *z, int u, int64_t i) {
+  if (!z->unit_param) return param_at(z, i);
+  int64_t a = z->u.start[u] > z->lo ? z->u.start[u] : z->lo;
+  return (char *)z->unit_param[u] + (size_t)(i - a) * zt_dtype_size(z->cfg.param_dtype);
+}
+
+/* The weights changed (an update, a load): staged copies are stale, and
+ * the next copies down wait for the model stream to get here. */
+static void params_written(zt_zero *z) {
+  if (!z->cs) return;
+  for (int i = 0; i < PARAM_STAGE_BUFFERS; i++) z->stage_unit[i] = -1;
+  z->be->event_record(z->params_ready, z->stream);
+}
+
 int zt_zero_sync_params(zt_zero *z, zt_err *e) {
   if (param_is_master(z)) return ZT_OK;
   const state_buf *w = &z->st[ZT_STATE_MASTER];
   if (z->off) {
     int rc = zt_offload_sync_params(z->off, e);
     if (rc) return rc;
+    params_written(z);
   } else {
     z->be->convert(z->stream, z->cfg.param_dtype, param_at(z, w->lo), ZT_F32, w->p,
                    (size_t)(w->hi - w->lo));
@@ -420,7 +500,55 @@ static void close_grads(zt_zero *z, int unit) {
 
 /* ---- stage 3: gathered units ------------------------------------------ */
 
-static void start_gather(zt_zero *z, int unit) {
+/* The unit a pass uses after `unit`: the nearest non-empty one of its
+ * group, or -1. */
+static int next_unit(const zt_zero *z, int unit, int backward) {
+  int step = backward ? -1 : 1, next = unit + step;
+  while (next >= 0 && next < z->u.n && !z->u.numel[next]) next += step;
+  if (!backward && unit == z->u.final_unit) return -1;
+  if (next < 0 || next >= z->u.n || group_of(z, next) != group_of(z, unit)) return -1;
+  return next;
+}
+
+static int *gather_counts(const zt_zero *z, int unit) {
+  return z->unit_counts + (size_t)unit * 2 * z->dp->size;
+}
+
+/* Whether this rank's piece of the unit's weights lives on the host. */
+static int on_host(const zt_zero *z, int unit) {
+  return unit >= 0 && z->unit_param && z->unit_param[unit] &&
+         z->cfg.offload.place[ZT_OFF_PARAMS][unit] != ZT_PLACE_DEVICE;
+}
+
+/* Starts copying the unit's host piece down to a staging buffer on the
+ * copy stream (a buffer no gather has taken yet is reused when none is
+ * free: its copy is only dropped). Returns the buffer, or -1. */
+static int stage_params(zt_zero *z, int unit) {
+  if (!on_host(z, unit)) return -1;
+  for (int i = 0; i < PARAM_STAGE_BUFFERS; i++)
+    if (z->stage_unit[i] == unit) return i;
+  int k = -1;
+  for (int i = 0; i < PARAM_STAGE_BUFFERS && k < 0; i++)
+    if (z->stage_unit[i] < 0) k = i;
+  if (k < 0) k = z->stage_evict = (z->stage_evict + 1) % PARAM_STAGE_BUFFERS;
+  int *counts = gather_counts(z, unit), *displs = counts + z->dp->size, me = z->dp->rank;
+  size_t x = zt_dtype_size(z->cfg.param_dtype);
+  z->stage_unit[k] = unit;
+  /* after the weights were last written, and after the gather that last
+   * read this buffer */
+  z->be->event_wait(z->cs, z->params_ready);
+  z->be->event_wait(z->cs, z->stage_out[k]);
+  z->be->copy(z->cs, z->stage[k], unit_param_at(z, unit, z->u.start[unit] + displs[me]),
+              (size_t)counts[me] * x);
+  z->be->event_record(z->stage_in[k], z->cs);
+  return k;
+}
+
+/* Starts the unit's all-gather into a free gather buffer (none free: it
+ * is gathered when needed); with its weights on the host, its piece comes
+ * from the staging buffer, and the copy of the piece of the unit the pass
+ * uses after it (backward: the one before) starts. */
+static void start_gather(zt_zero *z, int unit, int backward) {
   if (unit < 0 || unit >= z->u.n || z->unit_gbuf[unit] >= 0) return;
   int k = -1;
   for (int i = 0; i < z->n_gbufs && k < 0; i++)
@@ -430,13 +558,21 @@ static void start_gather(zt_zero *z, int unit) {
   z->unit_gbuf[unit] = k;
   int64_t a = z->u.start[unit];
   /* MPI reads the count arrays until the gather completes: they persist */
-  int *counts = z->unit_counts + (size_t)unit * 2 * z->dp->size, *displs = counts + z->dp->size;
+  int *counts = gather_counts(z, unit), *displs = counts + z->dp->size;
   int me = z->dp->rank;
   zt_dtype t = z->cfg.param_dtype;
   size_t x = zt_dtype_size(t);
-  if (counts[me])
-    z->be->copy(z->stream, (char *)z->gbufs[k] + (size_t)displs[me] * x,
-                param_at(z, a + displs[me]), (size_t)counts[me] * x);
+  void *piece = (char *)z->gbufs[k] + (size_t)displs[me] * x;
+  int j = stage_params(z, unit);
+  if (j >= 0) {
+    z->be->event_wait(z->stream, z->stage_in[j]);
+    z->be->copy(z->stream, piece, z->stage[j], (size_t)counts[me] * x);
+    z->be->event_record(z->stage_out[j], z->stream);
+    z->stage_unit[j] = -1;
+  } else if (counts[me]) {
+    z->be->copy(z->stream, piece, unit_param_at(z, unit, a + displs[me]), (size_t)counts[me] * x);
+  }
+  stage_params(z, next_unit(z, unit, backward));
   z->be->stream_sync(z->stream); /* MPI reads the buffer */
   zt_comm_iallgather(z->dp, z->gbufs[k], counts, displs, t, &z->unit_req[unit]);
   z->unit_gathering[unit] = 1;
@@ -463,18 +599,13 @@ static void *use_weights(zt_zero *z, int unit, int backward, int prefetch) {
         release_unit(z, z->gbuf_unit[i]);
         free_one = 1;
       }
-    start_gather(z, unit);
+    start_gather(z, unit, backward);
   }
   if (z->unit_gathering[unit]) {
     zt_comm_wait(&z->unit_req[unit]);
     z->unit_gathering[unit] = 0;
   }
-  /* the next unit of this pass: the nearest non-empty one in its group */
-  int step = backward ? -1 : 1, next = unit + step;
-  while (next >= 0 && next < z->u.n && !z->u.numel[next]) next += step;
-  if (!backward && unit == z->u.final_unit) next = -1;
-  if (prefetch && next >= 0 && next < z->u.n && group_of(z, next) == group_of(z, unit))
-    start_gather(z, next);
+  if (prefetch) start_gather(z, next_unit(z, unit, backward), backward);
   return z->gbufs[z->unit_gbuf[unit]];
 }
 
@@ -575,7 +706,7 @@ void zt_zero_grads_end(zt_zero *z, zt_zero_range *r) {
   const state_buf *w = &z->st[ZT_STATE_MASTER];
   *r = (zt_zero_range){.lo = lo, .hi = hi, .w = master(z) + (lo - w->lo), .g = g,
                        .m = z->st[ZT_STATE_EXP_AVG].p, .v = z->st[ZT_STATE_EXP_AVG_SQ].p,
-                       .w16 = param_is_master(z) ? NULL : param_at(z, lo),
+                       .w16 = param_is_master(z) || z->off ? NULL : param_at(z, lo),
                        .dt16 = z->cfg.param_dtype};
   if (z->off) r->w = r->m = r->v = NULL, r->w16 = NULL; /* reached through zt_zero_update */
 }
@@ -583,7 +714,11 @@ void zt_zero_grads_end(zt_zero *z, zt_zero_range *r) {
 int zt_zero_update(zt_zero *z, const zt_zero_range *r, int update, zt_update_fn fn, void *ctx,
                    zt_step_sums *sums, uint64_t *host_nonfinite, zt_err *e) {
   zt_update_exec x = {.be = z->be, .stream = z->stream, .sums = sums};
-  if (z->off) return zt_offload_step(z->off, r->g, update, fn, ctx, &x, host_nonfinite, e);
+  if (z->off) {
+    int rc = zt_offload_step(z->off, r->g, update, fn, ctx, &x, host_nonfinite, e);
+    if (!rc && update) params_written(z);
+    return rc;
+  }
   fn(ctx, &x, r);
   return ZT_OK;
 }

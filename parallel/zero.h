@@ -43,7 +43,9 @@ typedef struct zt_zero_cfg {
    * sum rounded to 16 bits); they are accumulated and kept in fp32 either
    * way. The masters, gradients and AdamW moments are fp32. offload:
    * where each unit's masters and moments live (parallel/offload.h; all on
-   * the device when n_units is 0); the engine refuses other kinds. */
+   * the device when n_units is 0), and at stage 3 its params (PARAM, the
+   * shard: "cpu" keeps the unit's piece in pinned host memory, copied
+   * down ahead of each gather); the engine refuses other kinds. */
   zt_dtype param_dtype;
   zt_dtype reduce_dtype;
   zt_offload_cfg offload;
@@ -129,6 +131,8 @@ typedef struct zt_zero_sizes {
   int64_t reduce16; /* stage < 2, 16-bit reduce: the gradients converted */
   int64_t gather_elems;
   int64_t gather;   /* stage 3: the gather buffers (largest unit each) */
+  int64_t param_stage; /* stage 3, params on the host: the device buffers their
+                        * pieces are copied down to */
 } zt_zero_sizes;
 /* The buckets' reductions in flight at once (stage >= 2): all buffers but
  * the one backward writes. */

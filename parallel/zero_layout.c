@@ -76,6 +76,20 @@ zt_offload_layout zt_zero_offload_layout(const zt_zero_cfg *c, const zt_zero_uni
                              .master_is_param = c->param_dtype == ZT_F32, .rank = r};
 }
 
+int zt_zero_param_split(const zt_zero_cfg *c, const zt_zero_units *u, int64_t numel, int dp,
+                        int r, int64_t n[2], int64_t *stage) {
+  const unsigned char *pl = c->offload.place[ZT_OFF_PARAMS];
+  n[0] = n[1] = *stage = 0;
+  if (c->stage < 3 || !zt_offload_any(&c->offload, ZT_OFF_PARAMS)) return 0;
+  for (int i = 0; i < u->n; i++) {
+    int64_t m = zt_zero_part(numel, dp, r, u->start[i], u->start[i] + u->numel[i], NULL);
+    int host = pl[i] != ZT_PLACE_DEVICE;
+    n[host] += m;
+    if (host && m > *stage) *stage = m;
+  }
+  return 1;
+}
+
 /* How the stage holds state k without offload: whole or as the shard, in
  * what dtype, where; *alias: it is another state's memory (fp32 PARAM is
  * MASTER). An offload policy moves MASTER and the moments into an offload
@@ -106,6 +120,13 @@ int zt_zero_plan_bytes(const zt_zero_cfg *cfg, int dp, int dp_rank, int64_t nume
     out->elems[k] = whole ? numel : S;
     out->state[k] = alias ? 0 : out->elems[k] * (int64_t)zt_dtype_size(dt);
     out->placed[k][mem == ZT_MEM_DEVICE ? ZT_PLACE_DEVICE : ZT_PLACE_CPU] = out->state[k];
+  }
+  int64_t pn[2], pstage;
+  if (zt_zero_param_split(cfg, units, numel, dp, dp_rank, pn, &pstage)) {
+    size_t x = zt_dtype_size(cfg->param_dtype);
+    out->placed[ZT_STATE_PARAM][ZT_PLACE_DEVICE] = pn[0] * (int64_t)x;
+    out->placed[ZT_STATE_PARAM][ZT_PLACE_CPU] = pn[1] * (int64_t)x;
+    out->param_stage = PARAM_STAGE_BUFFERS * pstage * (int64_t)x;
   }
   if (zt_zero_offloads(&cfg->offload)) { /* the masters and moments as the store lays them out */
     static const zt_state_kind kinds[ZT_OFF_STATES] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,

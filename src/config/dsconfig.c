@@ -349,7 +349,8 @@ static int offload(ctx *c, const char *path, const json_t *o, const char **devic
 
 /* The offload sections as one `offload = {...}` statement: the optimizer's
  * states are its fp32 masters and moments; DeepSpeed's offload_param (the
- * ZeRO-3 parameters) is refused, as the engine keeps PARAM on the device. */
+ * ZeRO-3 parameters) is refused: ztrain's parameter tier is placed by the
+ * script's policy (params on cpu at stage 3), not mapped from the config. */
 static int offloads(ctx *c, const json_t *z) {
   const char *opt = NULL, *par = NULL, *dir = NULL;
   const json_t *v;
@@ -360,11 +361,11 @@ static int offloads(ctx *c, const json_t *z) {
   if ((v = json_object_get(z, "offload_param")) &&
       (rc = offload(c, "zero_optimization.offload_param", v, &par, &dir)))
     return rc;
-  if (par) /* ZeRO-Infinity's parameter tier: the engine keeps PARAM on the device */
+  if (par) /* ZeRO-Infinity's parameter tier: the script's policy places it */
     return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.offload_param.device \"%s\" "
                       "is refused: ztrain offloads the optimizer's states (fp32 masters and moments) "
-                      "but keeps parameters and gradients on the device; use \"none\", and "
-                      "offload_optimizer to move the larger part", c->file, par);
+                      "from the config; params go to the host by the script's offload = {params = "
+                      "\"cpu\"} at ZeRO stage 3; use \"none\" here", c->file, par);
   if ((v = json_object_get(z, "cpu_offload"))) { /* the old spelling of offload_optimizer cpu */
     int on = 0;
     if ((rc = get_bool(c, "zero_optimization.cpu_offload", v, &on))) return rc;

@@ -110,11 +110,21 @@ int zt_config_offload(lua_State *L, zt_plan *p, int check_dir, zt_err *e) {
                         "%lld bytes); it must return \"device\", \"cpu\" or \"nvme\"",
                         v ? "\"" : "a ", v ? v : luaL_typename(L, -1), v ? "\"" : " value", kind,
                         name, stage, chunk, (long long)bytes);
-      } else if (place != ZT_PLACE_DEVICE && k != ZT_OFF_MASTER && k != ZT_OFF_MOMENTS) {
+      } else if (place != ZT_PLACE_DEVICE && k == ZT_OFF_PARAMS && p->parallel.zero.stage < 3) {
         rc = zt_err_set(e, ZT_EINPUT,
-                        "offload: the policy placed the %s of %s on %s; only \"master\" and "
-                        "\"moments\" can be offloaded (params and grads stay on the device)",
-                        kind, name, v);
+                        "offload: the policy placed the params of %s on %s at ZeRO stage %d; "
+                        "params can be offloaded at ZeRO stage 3 only (each rank holds its "
+                        "shard, gathered per unit; below 3 they are whole): set parallel.zero = 3 "
+                        "or keep them on the device", name, v, p->parallel.zero.stage);
+      } else if (place == ZT_PLACE_NVME && k == ZT_OFF_PARAMS) {
+        rc = zt_err_set(e, ZT_EINPUT,
+                        "offload: the policy placed the params of %s on nvme; params can be "
+                        "offloaded to \"cpu\" (at ZeRO stage 3), not to nvme", name);
+      } else if (place != ZT_PLACE_DEVICE && k == ZT_OFF_GRADS) {
+        rc = zt_err_set(e, ZT_EINPUT,
+                        "offload: the policy placed the grads of %s on %s; grads stay on the "
+                        "device (\"master\", \"moments\" and, at ZeRO stage 3, \"params\" "
+                        "can be offloaded)", name, v);
       } else if (place == ZT_PLACE_NVME && !nvme_group) {
         nvme_group = kind;
         snprintf(nvme_name, sizeof nvme_name, "%s", name);

@@ -72,7 +72,7 @@ static int zero_rows(const zt_plan *p, const zt_model *m, zt_memplan *o, zt_err 
     snprintf(o->detail[ZT_MEM_MPI], sizeof o->detail[0], "%s in the gradients' %s over dp%s",
              zt_mpimem_library(), st == 0 ? "all-reduce" : "reduce-scatter",
              o->timing_bytes ? " (with a second bucket in flight: a bound)" : "");
-  int64_t comm = z.buckets + z.reduce16 + z.gather;
+  int64_t comm = z.buckets + z.reduce16 + z.gather + z.param_stage;
   o->bytes[ZT_MEM_COMM][ZT_PLACE_DEVICE] += comm;
   int n = 0;
   char *d = o->detail[ZT_MEM_COMM];
@@ -82,6 +82,8 @@ static int zero_rows(const zt_plan *p, const zt_model *m, zt_memplan *o, zt_err 
   if (z.reduce16) n += snprintf(d + n, cap - n, "16-bit gradients to reduce; ");
   if (z.gather) n += snprintf(d + n, cap - n, "3 gather buffers of %.1f MiB; ",
                               mib(z.gather / 3));
+  if (z.param_stage) n += snprintf(d + n, cap - n, "2 staging buffers of %.1f MiB (params on host); ",
+                                   mib(z.param_stage / 2));
   return ZT_OK;
 }
 

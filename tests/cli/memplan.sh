@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The memory planner is right: for a matrix of real runs (1-4 ranks; ZeRO
 # 0-3, tp, pp with schedules, recomputation on and off, fp32 and bf16,
-# offload of masters and moments to cpu and nvme),
+# offload of masters and moments to cpu and nvme, of params to cpu),
 # every rank's measured peak — its resident high-water mark less the empty
 # process (what ztrain prints as "memory rank R: peak X MiB above the empty
 # process") — is within 5% of `ztrain plan --json`'s peak_bytes for that
@@ -121,13 +121,16 @@ train.global_batch = 8 schedule = zt.schedule.one_f_one_b{}'
 case_ tp2_pp2_interleaved 4 "$GPT"  'parallel = {tp = 2, pp = 2, zero = 1} train.global_batch = 8
 train.recompute = function(b) return b.index % 2 == 0 end
 schedule = zt.schedule.interleaved{chunks = 2}'
-# offload: the cpu tier's pinned states and staging are resident, the nvme
+# offload: the cpu tier's pinned states (params at ZeRO 3 too) and staging
+# are resident, the nvme
 # tier's states are not (its files are the plan's nvme column)
 mkdir -p nv
 case_ dp2_z1_offload_cpu 2 "$GPT"   'parallel = {dp = 2, zero = 1} train.precision = "bf16"
 offload = {master = "cpu", moments = "cpu"}'
 case_ dp2_z3_offload_nvme 2 "$GPT"  "parallel = {dp = 2, zero = {stage = 3, overlap = false}}
 offload = {dir = '$W/nv', master = 'nvme', moments = 'nvme'}"
+case_ dp2_z3_params_cpu  2 "$GPT"   'parallel = {dp = 2, zero = {stage = 3, overlap = false}} train.precision = "bf16"
+offload = {params = "cpu"}'
 case_ offload_by_block   1 "$LLAMA" "train.precision = 'bf16'
 offload = {dir = '$W/nv', place = function(g)
   if g.kind == 'moments' then return g.block % 2 == 0 and 'nvme' or 'cpu' end

@@ -10,6 +10,10 @@
 #  - tp 2, and pp 2 under 1F1B with a per-block policy (a function placing
 #    only some blocks' states, so a state is spread over several memories)
 #    and with files on one stage only;
+#  - ZeRO 3 with params on "cpu" (each unit's shard piece in pinned host
+#    memory, copied down ahead of its gather): all units (fp32, and bf16
+#    with everything on the host), per block with a function (bf16), and
+#    under pp 2 x dp 2 with 1F1B; resumed from a checkpoint;
 #  - the remote backend (device memory the host cannot address);
 #  - a checkpoint written under cpu (asynchronously, with states spread
 #    over memories) resumes under device, nvme and the per-block policy as
@@ -51,6 +55,14 @@ BLOCKS='offload = function(g)'\
 ' if g.kind == "moments" then return (g.block % 2 == 1 or g.name == "head") and "cpu" or "device" end'\
 ' return "device" end'
 
+# params of odd blocks and the head on the host, moments of even blocks:
+# units updated on the host for one reason or the other, or on the device
+PBLOCKS='offload = function(g)'\
+' if g.kind == "params" then return (g.block % 2 == 1 or g.name == "head") and "cpu" or "device" end'\
+' if g.kind == "moments" then return g.block % 2 == 0 and "cpu" or "device" end'\
+' return "device" end'
+Z3="parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}"
+
 # run NAME NP BACKEND LUA...: one run in folder NAME
 run() {
   local name=$1 np=$2 be=$3; shift 3
@@ -76,7 +88,11 @@ layouts=(
   "z1blk|2|parallel = {dp = 2, zero = 1}|$BLOCKS; checkpoint.async = true"
   "z1n|2|parallel = {dp = 2, zero = 1}; train.precision = 'fp16'|$NVME"
   "z3n|2|parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}|$NVME"
-  "z2mix|2|parallel = {dp = 2, zero = 2}; train.precision = 'bf16'|$MIXED")
+  "z2mix|2|parallel = {dp = 2, zero = 2}; train.precision = 'bf16'|$MIXED"
+  "z3p|2|$Z3|offload = {params = 'cpu'}"
+  "z3pa|2|$Z3; train.precision = 'bf16'|offload = {params = 'cpu', master = 'cpu', moments = 'cpu'}"
+  "z3pblk|2|$Z3; train.precision = 'bf16'|$PBLOCKS"
+  "z3ppp|4|parallel = {dp = 2, pp = 2, zero = 3}; schedule = zt.schedule.one_f_one_b{}; train.precision = 'bf16'|$PBLOCKS")
 for l in "${layouts[@]}"; do
   IFS='|' read -r name np lay pol <<< "$l"
   run $name-dev $np cpu "$lay" && run $name-cpu $np cpu "$lay; $pol" && same $name-dev $name-cpu
@@ -98,6 +114,7 @@ sys.exit(0 if {(x['kind'], x['unit']): x['place'] for x in g} == want else 1)" &
 run z3r-remote 2 remote "parallel = {dp = 2, zero = 3}; train.precision = 'bf16'; $CPU" &&
   same z3-dev z3r-remote
 run blk-remote 2 remote "parallel = {dp = 2, zero = 1}; $BLOCKS" && same z1blk-dev blk-remote
+run z3p-remote 2 remote "$Z3; train.precision = 'bf16'; $PBLOCKS" && same z3pblk-dev z3p-remote
 run mix-remote 2 remote "parallel = {dp = 2, zero = 2}; train.precision = 'bf16'; $MIXED" &&
   same z2mix-dev mix-remote
 grep -q "nvme files in $SW: " z1n-cpu/out.txt && ok || bad "the banner does not name the nvme engine"
@@ -134,6 +151,18 @@ for pol in "device|" "blocks|$BLOCKS" "nvme|$NVME"; do
   same tail res-$name
 done
 
+# resume with params on the host: the checkpoint holds the masters, and the
+# load fills each unit's shard piece where it lives
+/usr/bin/python3 -c "
+import json
+rows = [l for l in open('z3pblk-dev/m.jsonl') if '\"loss\"' in l and json.loads(l)['step'] > 2]
+open('ptail.jsonl', 'w').writelines(rows)"
+mkdir -p ptail && cp ptail.jsonl ptail/m.jsonl && cp z3pblk-dev/final.h5 ptail/final.h5
+mkdir -p res-params
+(cd res-params && timeout 300 "${MPI[@]}" -np 2 "$Z" ../run.lua -e "$Z3; train.precision = 'bf16'; $PBLOCKS" \
+   --load ../z3pblk-cpu/ck/step_00000002.h5 --metrics m.jsonl --save final.h5 > out.txt 2>&1) &&
+  same ptail res-params || { bad "resume with params on the host failed"; tail -3 res-params/out.txt; }
+
 # bad policies: exit 2, one message, nothing written (on two ranks for
 # the first two, whose message must come once)
 np=2
@@ -156,9 +185,13 @@ badrun "unknown placement" 'the policy returned "gpu" for the params of embeddin
 badrun "not a string" 'the policy returned a nil value for the params of embedding' \
   'offload = function(g) end'
 badrun "policy error" '(-e):1: no idea' 'offload = function(g) error("no idea") end'
-badrun "grads refused" 'only "master" and "moments" can be offloaded' 'offload = {grads = "cpu"}'
-badrun "params refused" 'only "master" and "moments" can be offloaded' \
+badrun "grads refused" 'grads stay on the device' 'offload = {grads = "cpu"}'
+badrun "params refused" 'params can be offloaded at ZeRO stage 3' \
   'offload = function(g) return g.kind == "params" and g.block == 1 and "cpu" or "device" end'
+badrun "params at zero 1" 'the params of embedding on cpu at ZeRO stage 1; params can be offloaded at ZeRO stage 3' \
+  'parallel.zero = 1; offload = {params = "cpu"}'
+badrun "params on nvme" 'the params of embedding on nvme; params can be offloaded to "cpu"' \
+  "parallel.zero = 3; offload = {dir = '$W', params = 'nvme'}"
 badrun "misspelt key" "unknown key 'mastr' (did you mean 'master'?)" 'offload = {mastr = "cpu"}'
 badrun "misspelt global" "unknown global table 'ofload' (did you mean 'offload'?)" 'ofload = {master = "cpu"}'
 badrun "bad value" 'offload.moments must be one of "device", "cpu", "nvme"' 'offload = {moments = "ssd"}'
