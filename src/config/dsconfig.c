@@ -349,8 +349,8 @@ static int offload(ctx *c, const char *path, const json_t *o, const char **devic
 
 /* The offload sections as one `offload = {...}` statement: the optimizer's
  * states are its fp32 masters and moments; DeepSpeed's offload_param (the
- * ZeRO-3 parameters) is refused: ztrain's parameter tier is placed by the
- * script's policy (params on cpu at stage 3), not mapped from the config. */
+ * ZeRO-3 parameters) is the policy's params, which ztrain places on the
+ * host (its checks refuse them below stage 3) but not yet in a file. */
 static int offloads(ctx *c, const json_t *z) {
   const char *opt = NULL, *par = NULL, *dir = NULL;
   const json_t *v;
@@ -361,11 +361,10 @@ static int offloads(ctx *c, const json_t *z) {
   if ((v = json_object_get(z, "offload_param")) &&
       (rc = offload(c, "zero_optimization.offload_param", v, &par, &dir)))
     return rc;
-  if (par) /* ZeRO-Infinity's parameter tier: the script's policy places it */
-    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.offload_param.device \"%s\" "
-                      "is refused: ztrain offloads the optimizer's states (fp32 masters and moments) "
-                      "from the config; params go to the host by the script's offload = {params = "
-                      "\"cpu\"} at ZeRO stage 3; use \"none\" here", c->file, par);
+  if (par && !strcmp(par, "nvme"))
+    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.offload_param.device \"nvme\" "
+                      "is refused: ztrain keeps ZeRO-3 parameters on the device or in host memory, not "
+                      "in a file; use \"cpu\" (or offload_optimizer to nvme)", c->file);
   if ((v = json_object_get(z, "cpu_offload"))) { /* the old spelling of offload_optimizer cpu */
     int on = 0;
     if ((rc = get_bool(c, "zero_optimization.cpu_offload", v, &on))) return rc;
@@ -374,16 +373,19 @@ static int offloads(ctx *c, const json_t *z) {
                         "offload_optimizer.device \"%s\" disagree; keep one", c->file, opt);
     if (on) opt = "cpu";
   }
-  if (!opt) return ZT_OK;
+  if (!opt && !par) return ZT_OK;
   sbuf t = {0};
   sb_printf(&t, "offload = {");
-  if (dir) {
+  if (dir && opt && !strcmp(opt, "nvme")) {
     sb_printf(&t, "dir = ");
     lua_string(&t, dir);
     sb_printf(&t, ", ");
   }
-  sb_printf(&t, "master = \"%s\", moments = \"%s\"}", opt, opt);
-  const char *from = "zero_optimization.offload_optimizer";
+  if (opt) sb_printf(&t, "master = \"%s\", moments = \"%s\"%s", opt, opt, par ? ", " : "");
+  if (par) sb_printf(&t, "params = \"%s\"", par);
+  sb_printf(&t, "}");
+  const char *from = opt && par ? "zero_optimization.offload_optimizer, offload_param"
+                     : opt ? "zero_optimization.offload_optimizer" : "zero_optimization.offload_param";
   map(c, from, "%s", t.s ? t.s : "");
   free(t.s);
   return ZT_OK;

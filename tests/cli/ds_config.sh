@@ -112,6 +112,18 @@ sys.exit(0 if kinds == {('master', 'nvme'), ('moments', 'nvme')} else 1)" && ok 
   bad "the plan does not record the masters and moments on nvme"
 [ -z "$(ls -A nvme)" ] && ok || bad "offload files left in nvme/: $(ls nvme)"
 
+# offload_param cpu at ZeRO-3: the parameter tier, the same run as on the device
+/usr/bin/python3 -c "
+import json; d = json.load(open('ds.json'))
+d['zero_optimization']['stage'] = 3
+json.dump(d, open('dsz3.json', 'w'))
+d['zero_optimization']['offload_param'] = {'device': 'cpu'}
+json.dump(d, open('dsz3p.json', 'w'))"
+run dsz3 1 --ds-config dsz3.json run.lua
+run dsz3p 1 --ds-config dsz3p.json run.lua
+same dsz3.jsonl dsz3p.jsonl && grep -qF 'offload_param -> offload = {params = "cpu"}' dsz3p.txt && ok ||
+  bad "offload_param cpu: not mapped, or the run differs from the device's"
+
 # (2) two ranks: "auto" micro batch = 8 / (2 accumulation * dp 2) = 2
 hand 2 > hand2.lua
 run ds2 2 --ds-config ds.json run.lua
@@ -166,8 +178,10 @@ refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu
   'zero_optimization.offload_optimizer.device must be "none", "cpu" or "nvme", got "gpu"'
 refused '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
   "offload_param": {"device": "nvme", "nvme_path": "/b"}}}' 'the offload sections name two nvme_path directories'
-refused '{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}' \
-  'zero_optimization.offload_param.device "cpu" is refused: ztrain offloads the optimizer'"'"'s states'
+refused '{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/a"}}}' \
+  'zero_optimization.offload_param.device "nvme" is refused: ztrain keeps ZeRO-3 parameters on the device or in host memory'
+refused '{"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}}' \
+  'params can be offloaded at ZeRO stage 3 only'
 refused '{"activation_checkpointing": {"cpu_checkpointing": true}}' \
   'activation_checkpointing.cpu_checkpointing true is refused: ztrain keeps activations on the device'
 refused '{"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}}' 'optimizer.type must be "AdamW" or "Adam"'
