@@ -19,23 +19,28 @@
 /* A growing string. */
 typedef struct { char *s; size_t n, cap; } sbuf;
 
+static void sb_vprintf(sbuf *b, const char *fmt, va_list ap) {
+  va_list again;
+  va_copy(again, ap);
+  int need = vsnprintf(NULL, 0, fmt, ap);
+  if (need >= 0 && b->n + (size_t)need + 1 > b->cap) {
+    size_t cap = (b->n + (size_t)need + 1) * 2;
+    char *s = realloc(b->s, cap);
+    if (s) b->s = s, b->cap = cap;
+  }
+  if (need >= 0 && b->n + (size_t)need + 1 <= b->cap) {
+    vsnprintf(b->s + b->n, b->cap - b->n, fmt, again);
+    b->n += (size_t)need;
+  }
+  va_end(again);
+}
+
 static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_printf(sbuf *b, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  int need = vsnprintf(NULL, 0, fmt, ap);
+  sb_vprintf(b, fmt, ap);
   va_end(ap);
-  if (need < 0) return;
-  if (b->n + (size_t)need + 1 > b->cap) {
-    size_t cap = (b->n + (size_t)need + 1) * 2;
-    char *s = realloc(b->s, cap);
-    if (!s) return;
-    b->s = s, b->cap = cap;
-  }
-  va_start(ap, fmt);
-  vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
-  va_end(ap);
-  b->n += (size_t)need;
 }
 
 /* The shortest decimal that reads back as d (Lua reads it as the same
@@ -153,13 +158,15 @@ static int sweep(ctx *c, const char *where, const json_t *obj, const known *keys
 
 static void map(ctx *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void map(ctx *c, const char *path, const char *fmt, ...) {
-  char stmt[512];
+  sbuf stmt = {0}; /* as long as it needs: an nvme_path may be any length */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(stmt, sizeof stmt, fmt, ap);
+  sb_vprintf(&stmt, fmt, ap);
   va_end(ap);
-  sb_printf(&c->stmts, "%s\n", stmt);
-  sb_printf(&c->report, "  %s -> %s\n", path, stmt);
+  if (!stmt.s) return;
+  sb_printf(&c->stmts, "%s\n", stmt.s);
+  sb_printf(&c->report, "  %s -> %s\n", path, stmt.s);
+  free(stmt.s);
 }
 
 static void kept(ctx *c, const char *path) {

@@ -112,6 +112,13 @@ sys.exit(0 if kinds == {('master', 'nvme'), ('moments', 'nvme')} else 1)" && ok 
   bad "the plan does not record the masters and moments on nvme"
 [ -z "$(ls -A nvme)" ] && ok || bad "offload files left in nvme/: $(ls nvme)"
 
+# a long nvme_path goes into the statement whole (statements had a fixed size)
+long=$(printf 'd%.0s' $(seq 1 700))
+echo "{\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$W/$long\"}}}" > long.json
+"$Z" schedule --ds-config long.json run.lua > long.txt 2>&1
+grep -qF "offload = {dir = \"$W/$long\", master = \"nvme\", moments = \"nvme\"}" long.txt && ok ||
+  bad "a long nvme_path is cut in the offload statement"
+
 # offload_param cpu at ZeRO-3: the parameter tier, the same run as on the device
 /usr/bin/python3 -c "
 import json; d = json.load(open('ds.json'))
