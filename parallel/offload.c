@@ -27,6 +27,7 @@ typedef struct seg {
   unsigned char param_place; /* of the unit's weights (PARAM) */
   char *ptr[ZT_OFF_STATES];
   int64_t off[ZT_OFF_STATES];
+  int64_t off_p; /* params on nvme: the byte offset of the weights in the file */
 } seg;
 
 /* A piece of the host-updated part: [a, a + n) of segment s. */
@@ -55,6 +56,14 @@ struct zt_offload {
   int serial;        /* test hook ZT_TEST_OFFLOAD_SERIAL: every transfer waited
                       * for at once, so a trace shows what the overlap hides */
   int rd[NSLOT][ZT_OFF_STATES], wr[NSLOT][ZT_OFF_STATES]; /* requests per slot, -1: none */
+  int wrp[NSLOT];    /* params on nvme: the slot's write of the new weights, -1: none */
+  /* params on nvme: the unit's segment, and the host buffers the weights
+   * are read into ahead of their use (pinned, aligned) */
+  int *seg_of_unit;
+  char *pslot[ZT_OFFLOAD_PARAM_SLOTS];
+  void *pslot_raw[ZT_OFFLOAD_PARAM_SLOTS];
+  int prd[ZT_OFFLOAD_PARAM_SLOTS]; /* the read into each, -1: none */
+  int64_t pslot_bytes;
 };
 
 static const char *const place_names[ZT_PLACES] = {"device", "cpu", "nvme"};
@@ -98,6 +107,17 @@ static float *at(const zt_offload *o, int k, int s, int64_t i) {
 
 static int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+/* Weights in the file: the passes' copy comes from it ahead of each use. */
+static int params_in_file(const seg *g) { return g->param_place == ZT_PLACE_NVME; }
+
+/* State s of segment g is PARAM's memory: fp32 masters on the device,
+ * whose weights are in memory (the masters of weights in the file are
+ * memory of their own, the file their copy). */
+static int is_param(const zt_offload *o, const seg *g, int s) {
+  return s == ZT_OFF_W && o->lay.master_is_param && g->place[s] == ZT_PLACE_DEVICE &&
+         !params_in_file(g);
+}
+
 /* Updated on the host: any of its states or its weights off the device
  * (a device kernel cannot write weights in host memory). */
 static int host_updated(const seg *g) {
@@ -139,10 +159,9 @@ static int plan_segments(zt_offload *o, const zt_offload_cfg *cfg) {
  * one buffer over the range, as without offload; fp32 masters on the
  * device are PARAM and count none), and each nvme segment's offset in the
  * file, an aligned, padded extent of its own. */
-static void lay_out(zt_offload *o, int64_t b[ZT_OFF_STATES][ZT_PLACES]) {
+static void lay_out(zt_offload *o, int64_t b[ZT_OFF_STATES][ZT_PLACES], int64_t *param_file) {
   int64_t file = 0;
   for (int s = 0; s < ZT_OFF_STATES; s++) {
-    int alias = s == ZT_OFF_W && o->lay.master_is_param;
     for (int p = 0; p < ZT_PLACES; p++) b[s][p] = 0;
     for (int k = 0; k < o->nseg; k++) {
       seg *g = &o->segs[k];
@@ -153,9 +172,28 @@ static void lay_out(zt_offload *o, int64_t b[ZT_OFF_STATES][ZT_PLACES]) {
         bytes = round_up(bytes, FILE_ALIGN);
         file += bytes;
       }
-      if (!(p == ZT_PLACE_DEVICE && alias)) b[s][p] += bytes;
+      if (!is_param(o, g, s)) b[s][p] += bytes;
     }
   }
+  /* the weights placed on nvme, after the states: an extent per unit */
+  int64_t before = file;
+  for (int k = 0; k < o->nseg; k++) {
+    seg *g = &o->segs[k];
+    if (!params_in_file(g)) continue;
+    g->off_p = file;
+    file += round_up((g->b - g->a) * (int64_t)xsize(o), FILE_ALIGN);
+  }
+  *param_file = file - before;
+}
+
+/* The host buffers params in the file are read into: each as large as the
+ * largest unit's extent (0: no params in the file). */
+static int64_t param_slot_bytes(const zt_offload *o) {
+  int64_t most = 0;
+  for (int k = 0; k < o->nseg; k++)
+    if (params_in_file(&o->segs[k]) && o->segs[k].b - o->segs[k].a > most)
+      most = o->segs[k].b - o->segs[k].a;
+  return most ? round_up(most * (int64_t)xsize(o), FILE_ALIGN) : 0;
 }
 
 /* Staging for the host update: NSLOT slots of SL_BUFS buffers, each as large
@@ -170,13 +208,15 @@ static size_t slot_bytes(const zt_offload *o) {
 
 static int alloc_states(zt_offload *o) {
   static const zt_mem_kind kinds[ZT_PLACES] = {ZT_MEM_DEVICE, ZT_MEM_PINNED, ZT_MEM_HOST};
-  int64_t n[ZT_OFF_STATES][ZT_PLACES];
-  lay_out(o, n);
+  int64_t n[ZT_OFF_STATES][ZT_PLACES], param_file;
+  lay_out(o, n, &param_file);
+  o->bytes[ZT_PLACE_NVME] += param_file;
   for (int s = 0; s < ZT_OFF_STATES; s++) {
     int alias = s == ZT_OFF_W && o->lay.master_is_param;
     o->bytes[ZT_PLACE_NVME] += n[s][ZT_PLACE_NVME];
     for (int p = ZT_PLACE_DEVICE; p <= ZT_PLACE_CPU; p++) {
-      if (p == ZT_PLACE_DEVICE && alias) continue;
+      /* fp32 masters on the device are PARAM, but where weights are in the file */
+      if (p == ZT_PLACE_DEVICE && alias && !n[s][p]) continue;
       if (!n[s][p] && p != ZT_PLACE_DEVICE) continue;
       /* the device buffer always exists: an empty range's view points there */
       if (!(o->buf[s][p] = o->be->alloc(kinds[p], (size_t)(n[s][p] ? n[s][p] : 4)))) return -1;
@@ -187,8 +227,11 @@ static int alloc_states(zt_offload *o) {
       seg *g = &o->segs[k];
       int p = g->place[s];
       if (p == ZT_PLACE_NVME) continue;
-      if (p == ZT_PLACE_DEVICE && alias) g->ptr[s] = seg_param(o, k, g->a);
-      else g->ptr[s] = (char *)o->buf[s][p] + (size_t)used[p] * sizeof(float);
+      if (is_param(o, g, s)) {
+        g->ptr[s] = seg_param(o, k, g->a);
+        continue;
+      }
+      g->ptr[s] = (char *)o->buf[s][p] + (size_t)used[p] * sizeof(float);
       used[p] += g->b - g->a;
     }
   }
@@ -196,12 +239,15 @@ static int alloc_states(zt_offload *o) {
 }
 
 int zt_offload_plan_bytes(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
-                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *staging) {
+                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *param_file,
+                          int64_t *staging) {
   zt_offload o = {.lay = *lay};
   int rc = plan_segments(&o, cfg);
   if (!rc) {
-    lay_out(&o, bytes);
+    lay_out(&o, bytes, param_file);
     *staging = (int64_t)NSLOT * SL_BUFS * (int64_t)(slot_bytes(&o) + FILE_ALIGN);
+    int64_t ps = param_slot_bytes(&o);
+    if (ps) *staging += ZT_OFFLOAD_PARAM_SLOTS * (ps + FILE_ALIGN);
   }
   free(o.segs);
   free(o.chunks);
@@ -233,22 +279,32 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
   o->cpu = zt_backend_cpu();
   o->stream = stream;
   o->lay = *lay;
-  int params_nvme = 0;
-  for (int u = 0; cfg->place[ZT_OFF_PARAMS] && u < cfg->n_units; u++)
-    params_nvme |= cfg->place[ZT_OFF_PARAMS][u] == ZT_PLACE_NVME;
-  if (zt_offload_any(cfg, ZT_OFF_GRADS) || params_nvme ||
+  if (zt_offload_any(cfg, ZT_OFF_GRADS) ||
       (zt_offload_any(cfg, ZT_OFF_PARAMS) && !lay->unit_param)) {
     zt_offload_free(o);
     zt_err_set(e, ZT_EINPUT, "offload: %s cannot be offloaded here; master and moments can, and "
-               "params on cpu at ZeRO stage 3", params_nvme ? "params on nvme" : "grads");
+               "params at ZeRO stage 3", zt_offload_any(cfg, ZT_OFF_GRADS) ? "grads" : "params");
     return NULL;
   }
-  for (int i = 0; i < NSLOT; i++)
+  for (int i = 0; i < NSLOT; i++) {
     for (int s = 0; s < ZT_OFF_STATES; s++) o->rd[i][s] = o->wr[i][s] = -1;
+    o->wrp[i] = -1;
+  }
+  for (int i = 0; i < ZT_OFFLOAD_PARAM_SLOTS; i++) o->prd[i] = -1;
   const char *serial = getenv("ZT_TEST_OFFLOAD_SERIAL");
   o->serial = serial && *serial && strcmp(serial, "0");
   o->depth = o->serial ? 1 : NSLOT - 1;
-  int ok = plan_segments(o, cfg) == 0 && alloc_states(o) == 0;
+  int ok = plan_segments(o, cfg) == 0 && alloc_states(o) == 0 &&
+           (o->seg_of_unit = malloc((size_t)(lay->n_units > 0 ? lay->n_units : 1) * sizeof(int)));
+  for (int u = 0; ok && u < lay->n_units; u++) o->seg_of_unit[u] = -1;
+  for (int k = 0; ok && k < o->nseg; k++) o->seg_of_unit[o->segs[k].unit] = k;
+  o->pslot_bytes = ok ? param_slot_bytes(o) : 0;
+  for (int i = 0; ok && o->pslot_bytes && i < ZT_OFFLOAD_PARAM_SLOTS; i++) {
+    char *raw = be->alloc(ZT_MEM_PINNED, (size_t)(o->pslot_bytes + FILE_ALIGN));
+    o->pslot_raw[i] = raw;
+    ok = raw != NULL;
+    if (ok) o->pslot[i] = raw + (FILE_ALIGN - (uintptr_t)raw % FILE_ALIGN) % FILE_ALIGN;
+  }
   if (ok && open_file(o, cfg, e)) {
     zt_offload_free(o);
     return NULL;
@@ -288,6 +344,9 @@ void zt_offload_free(zt_offload *o) {
     if (o->ev_in[i]) o->be->event_free(o->ev_in[i]);
     if (o->ev_out[i]) o->be->event_free(o->ev_out[i]);
   }
+  for (int i = 0; i < ZT_OFFLOAD_PARAM_SLOTS; i++)
+    if (o->pslot_raw[i]) o->be->free(ZT_MEM_PINNED, o->pslot_raw[i]);
+  free(o->seg_of_unit);
   if (o->ev_ready) o->be->event_free(o->ev_ready);
   if (o->ev_done) o->be->event_free(o->ev_done);
   if (o->cs) o->be->stream_free(o->cs);
@@ -348,8 +407,11 @@ static int file_transfer(zt_offload *o, int k, int s, int64_t x, int64_t y, floa
 static int drain(zt_offload *o, zt_err *e) {
   o->be->stream_sync(o->cs);
   int rc = o->file ? zt_nvme_wait_all(o->file, e) : ZT_OK;
-  for (int k = 0; k < NSLOT; k++)
+  for (int k = 0; k < NSLOT; k++) {
     for (int s = 0; s < ZT_OFF_STATES; s++) o->rd[k][s] = o->wr[k][s] = -1;
+    o->wrp[k] = -1;
+  }
+  for (int k = 0; k < ZT_OFFLOAD_PARAM_SLOTS; k++) o->prd[k] = -1;
   return rc;
 }
 
@@ -386,7 +448,8 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e) {
   size_t x = xsize(o);
   for (int k = 0; k < o->nseg; k++) {
     const seg *g = &o->segs[k];
-    if (g->place[ZT_OFF_W] == ZT_PLACE_DEVICE && (!half(o) || !g->param_place)) {
+    if (g->place[ZT_OFF_W] == ZT_PLACE_DEVICE && (!half(o) || !g->param_place) &&
+        !params_in_file(g)) {
       if (half(o))
         o->be->convert(o->stream, o->lay.param_dt, seg_param(o, k, g->a), ZT_F32,
                        g->ptr[ZT_OFF_W], (size_t)(g->b - g->a));
@@ -402,6 +465,12 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e) {
       if (half(o)) {
         o->cpu->convert(o->hs, o->lay.param_dt, o->slot[0][SL_W16], ZT_F32, w, (size_t)n);
         src = o->slot[0][SL_W16];
+      }
+      if (params_in_file(g)) { /* the slot's buffers are aligned for the file */
+        int t = zt_nvme_write(o->file, g->off_p + (a - g->a) * (int64_t)x, src,
+                              (size_t)round_up(n * (int64_t)x, FILE_ALIGN), e);
+        if (t < 0 || zt_nvme_wait(o->file, t, e)) return e->code;
+        continue;
       }
       o->be->copy(o->stream, seg_param(o, k, a), src, (size_t)n * x);
       o->be->stream_sync(o->stream); /* the staging is reused next */
@@ -436,6 +505,8 @@ static int load(zt_offload *o, float *g, int i, zt_err *e) {
       if (o->wr[k][s] >= 0 && zt_nvme_wait(o->file, o->wr[k][s], e)) return e->code;
       o->wr[k][s] = -1;
     }
+    if (o->wrp[k] >= 0 && zt_nvme_wait(o->file, o->wrp[k], e)) return e->code;
+    o->wrp[k] = -1;
     o->be->event_sync(o->ev_out[k]);
   }
   o->be->copy(o->cs, sl[SL_G], g + (c->a - o->lay.lo), bytes);
@@ -474,23 +545,34 @@ static int store(zt_offload *o, int i, zt_err *e) {
   int k = i % NSLOT;
   float **sl = o->slot[k];
   size_t bytes = (size_t)c->n * sizeof(float);
-  int w_is_param = !half(o) && o->lay.master_is_param;
   for (int s = 0; s < ZT_OFF_STATES; s++) {
-    if (sg->place[s] == ZT_PLACE_DEVICE && !(s == ZT_OFF_W && w_is_param))
+    if (sg->place[s] == ZT_PLACE_DEVICE && !is_param(o, sg, s))
       o->be->copy(o->cs, at(o, c->s, s, c->a), sl[SL_W + s], bytes);
     if (sg->place[s] == ZT_PLACE_NVME &&
         (o->wr[k][s] = zt_nvme_write(o->file, file_off(o, c, s), sl[SL_W + s], file_len(c), e)) < 0)
       return e->code;
   }
-  void *param = seg_param(o, c->s, c->a);
-  if (half(o)) o->be->copy(o->cs, param, sl[SL_W16], (size_t)c->n * xsize(o));
-  else o->be->copy(o->cs, param, host_state(o, i, ZT_OFF_W), bytes);
+  if (params_in_file(sg)) {
+    /* the new weights to the file from an aligned buffer: the rounded copy,
+     * or in fp32 the masters, copied there where they live in place */
+    void *src = sl[SL_W16];
+    if (!half(o)) memcpy(src, host_state(o, i, ZT_OFF_W), bytes);
+    int64_t off = sg->off_p + (c->a - sg->a) * (int64_t)xsize(o);
+    size_t len = (size_t)round_up(c->n * (int64_t)xsize(o), FILE_ALIGN);
+    if ((o->wrp[k] = zt_nvme_write(o->file, off, src, len, e)) < 0) return e->code;
+  } else {
+    void *param = seg_param(o, c->s, c->a);
+    if (half(o)) o->be->copy(o->cs, param, sl[SL_W16], (size_t)c->n * xsize(o));
+    else o->be->copy(o->cs, param, host_state(o, i, ZT_OFF_W), bytes);
+  }
   o->be->event_record(o->ev_out[k], o->cs);
   if (o->serial) {
     o->be->event_sync(o->ev_out[k]);
     for (int s = 0; s < ZT_OFF_STATES; s++)
       if (o->wr[k][s] >= 0 && zt_nvme_wait(o->file, o->wr[k][s], e)) return e->code;
       else o->wr[k][s] = -1;
+    if (o->wrp[k] >= 0 && zt_nvme_wait(o->file, o->wrp[k], e)) return e->code;
+    o->wrp[k] = -1;
   }
   return ZT_OK;
 }
@@ -557,4 +639,32 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
 
 const char *zt_offload_nvme_engine(const zt_offload *o) {
   return o->file ? zt_nvme_engine_name(o->file) : NULL;
+}
+
+/* ---- params on nvme -------------------------------------------------------- */
+
+int zt_offload_param_fetch(zt_offload *o, int unit, int slot, zt_err *e) {
+  int k = unit >= 0 && unit < o->lay.n_units ? o->seg_of_unit[unit] : -1;
+  if (k < 0 || !params_in_file(&o->segs[k]) || slot < 0 || slot >= ZT_OFFLOAD_PARAM_SLOTS)
+    return zt_err_set(e, ZT_ERUNTIME, "offload: unit %d has no weights in the file", unit);
+  const seg *g = &o->segs[k];
+  /* the slot's last read is done with, and every new weight is in the file */
+  if (o->prd[slot] >= 0 && zt_nvme_wait(o->file, o->prd[slot], e)) return e->code;
+  o->prd[slot] = -1;
+  for (int i = 0; i < NSLOT; i++) {
+    if (o->wrp[i] >= 0 && zt_nvme_wait(o->file, o->wrp[i], e)) return e->code;
+    o->wrp[i] = -1;
+  }
+  size_t len = (size_t)round_up((g->b - g->a) * (int64_t)xsize(o), FILE_ALIGN);
+  o->prd[slot] = zt_nvme_read(o->file, g->off_p, o->pslot[slot], len, e);
+  return o->prd[slot] < 0 ? e->code : ZT_OK;
+}
+
+const void *zt_offload_param_wait(zt_offload *o, int slot, zt_err *e) {
+  if (o->prd[slot] >= 0 && zt_nvme_wait(o->file, o->prd[slot], e)) {
+    o->prd[slot] = -1;
+    return NULL;
+  }
+  o->prd[slot] = -1;
+  return o->pslot[slot];
 }

@@ -10,7 +10,10 @@
  * The weights the passes compute with (PARAM) may be placed per unit too
  * (ZeRO-Infinity's parameter tier; the owner allocates them, unit_param
  * says where): a unit whose weights live on the host is updated on the
- * host, its new weights copied to where they live.
+ * host, its new weights copied to where they live. Weights placed on nvme
+ * live in the rank's file after the states, an aligned extent per unit;
+ * their owner reads a unit's ahead of its use into one of the store's
+ * host buffers (zt_offload_param_fetch), and the update writes them back.
  * The ZeRO engine (zero.c) owns one of these when its policy offloads
  * anything; nothing here knows ZeRO or models, only flat ranges and units. */
 #ifndef ZT_OFFLOAD_H
@@ -105,10 +108,13 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
 void zt_offload_free(zt_offload *o);
 
 /* What zt_offload_new would hold, without allocating: bytes of each state
- * (ZT_OFF_W, _M, _V) per placement (nvme: its extent of the file, padded)
- * and of the pinned staging of the host update. -1 when out of memory. */
+ * (ZT_OFF_W, _M, _V) per placement (nvme: its extent of the file, padded),
+ * of the weights placed in the file (padded), and of the pinned staging of
+ * the host update and of the weights read from the file. -1 when out of
+ * memory. */
 int zt_offload_plan_bytes(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
-                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *staging);
+                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *param_file,
+                          int64_t *staging);
 
 /* Bytes held per placement (all three states). */
 void zt_offload_bytes(const zt_offload *o, int64_t bytes[ZT_PLACES]);
@@ -135,6 +141,18 @@ int zt_offload_sync_params(zt_offload *o, zt_err *e);
  * write-backs before its next work. */
 int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *ctx,
                     const zt_update_exec *dev, uint64_t *host_nonfinite, zt_err *e);
+
+/* Weights placed on nvme (ZeRO-Infinity's parameter tier): the host
+ * buffers a unit's piece is read into, one read in flight in each. */
+#define ZT_OFFLOAD_PARAM_SLOTS 2
+/* Starts reading this rank's piece of unit's weights (param_dt, the
+ * unit's part of [lo, hi)) from the file into host buffer `slot`, after
+ * the last update's writes of weights have landed and the slot's last
+ * read is done with. The caller must be done with what the slot held. */
+int zt_offload_param_fetch(zt_offload *o, int unit, int slot, zt_err *e);
+/* Waits for the slot's read; the piece (pinned host memory), or NULL with
+ * *e set when the read failed. */
+const void *zt_offload_param_wait(zt_offload *o, int slot, zt_err *e);
 
 /* The NVMe engine that reads and writes this rank's file, as
  * zt_nvme_engine_name says it; NULL when nothing is placed on nvme. */

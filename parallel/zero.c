@@ -58,6 +58,8 @@ struct zt_zero {
   zt_stream *cs;
   void *stage[PARAM_STAGE_BUFFERS];
   int stage_unit[PARAM_STAGE_BUFFERS], stage_evict;
+  int stage_reading[PARAM_STAGE_BUFFERS]; /* params on nvme: the piece is being read
+                                           * into the store's host buffer of that index */
   zt_event *stage_in[PARAM_STAGE_BUFFERS], *stage_out[PARAM_STAGE_BUFFERS];
   zt_event *params_ready; /* the model stream where the weights were last written */
 
@@ -66,6 +68,11 @@ struct zt_zero {
   /* the policy offloads masters or moments: they live in this store */
   zt_offload *off;
   float *owned_scratch; /* zt_zero_owned_weights of state held in a file */
+
+  /* a failure inside a hook (a read of weights from the file), which has
+   * no status of its own: reported by the next zt_zero_update */
+  int failed;
+  zt_err err;
 };
 
 /* Part of flat range [a, b) that dp rank r owns. */
@@ -138,28 +145,33 @@ static int alloc_state(zt_zero *z, zt_state_kind k) {
 static int alloc_placed_params(zt_zero *z) {
   const unsigned char *pl = z->cfg.offload.place[ZT_OFF_PARAMS];
   size_t x = zt_dtype_size(z->cfg.param_dtype);
-  int64_t n[2], stage, used[2] = {0, 0};
+  int64_t n[ZT_PLACES], stage, used[ZT_PLACES] = {0};
   zt_zero_param_split(&z->cfg, &z->u, z->numel, z->dp->size, z->dp->rank, n, &stage);
+  int64_t nd = n[ZT_PLACE_DEVICE], nh = n[ZT_PLACE_CPU], nf = n[ZT_PLACE_NVME];
   z->unit_param = calloc((size_t)z->u.n, sizeof *z->unit_param);
-  z->param_dev = z->be->alloc(ZT_MEM_DEVICE, (size_t)(n[0] ? n[0] : 1) * x);
-  z->param_host = n[1] ? z->be->alloc(ZT_MEM_PINNED, (size_t)n[1] * x) : NULL;
-  if (!z->unit_param || !z->param_dev || (n[1] && !z->param_host)) return 0;
-  z->state_bytes += (n[0] + n[1]) * (int64_t)x;
+  z->param_dev = z->be->alloc(ZT_MEM_DEVICE, (size_t)(nd ? nd : 1) * x);
+  z->param_host = nh ? z->be->alloc(ZT_MEM_PINNED, (size_t)nh * x) : NULL;
+  if (!z->unit_param || !z->param_dev || (nh && !z->param_host)) return 0;
+  z->state_bytes += (nd + nh) * (int64_t)x;
+  /* weights in the file (the offload store's) have no memory here */
   for (int u = 0; u < z->u.n; u++) {
     int64_t m = owned(z, z->dp->rank, z->u.start[u], z->u.start[u] + z->u.numel[u], NULL);
-    int h = pl[u] != ZT_PLACE_DEVICE;
-    if (m) z->unit_param[u] = (char *)(h ? z->param_host : z->param_dev) + (size_t)used[h] * x;
-    used[h] += m;
+    int q = pl[u];
+    if (m && q != ZT_PLACE_NVME)
+      z->unit_param[u] = (char *)(q ? z->param_host : z->param_dev) + (size_t)used[q] * x;
+    used[q] += m;
   }
-  z->st[ZT_STATE_PARAM] = (state_buf){.p = n[0] ? (n[1] ? NULL : z->param_dev) : z->param_host,
+  int one = (nd > 0) + (nh > 0) + (nf > 0) == 1 && !nf; /* all of it in one memory */
+  z->st[ZT_STATE_PARAM] = (state_buf){.p = one ? (nd ? z->param_dev : z->param_host) : NULL,
                                       .lo = z->lo, .hi = z->hi, .dt = z->cfg.param_dtype,
-                                      .mem = n[0] ? ZT_MEM_DEVICE : ZT_MEM_PINNED};
-  if (!n[1]) return 1;
+                                      .mem = nh && !nd ? ZT_MEM_PINNED : ZT_MEM_DEVICE};
+  if (!nh && !nf) return 1;
   /* the copy stream and staging of the host pieces; every event recorded
    * once so that a first wait on it passes */
   int ok = (z->cs = z->be->stream_new()) && (z->params_ready = z->be->event_new());
   for (int i = 0; ok && i < PARAM_STAGE_BUFFERS; i++) {
     z->stage_unit[i] = -1;
+    z->stage_reading[i] = 0;
     ok = (z->stage[i] = z->be->alloc(ZT_MEM_DEVICE, (size_t)stage * x)) &&
          (z->stage_in[i] = z->be->event_new()) && (z->stage_out[i] = z->be->event_new());
     if (ok) z->be->event_record(z->stage_out[i], z->stream);
@@ -236,7 +248,7 @@ zt_zero *zt_zero_new(const zt_zero_cfg *cfg, const zt_backend *be, zt_stream *st
   int offloaded = zt_zero_offloads(&cfg->offload);
   /* fp32 masters are the weights the passes compute with, unless the
    * policy moves some of them off the device: then PARAM is their copy */
-  int64_t pn[2], pstage;
+  int64_t pn[ZT_PLACES], pstage;
   int placed = zt_zero_param_split(cfg, units, numel, dp->size, dp->rank, pn, &pstage);
   int separate = half || zt_offload_any(&cfg->offload, ZT_OFF_MASTER) || placed;
   int ok = 1;
@@ -514,17 +526,24 @@ static int *gather_counts(const zt_zero *z, int unit) {
   return z->unit_counts + (size_t)unit * 2 * z->dp->size;
 }
 
-/* Whether this rank's piece of the unit's weights lives on the host. */
-static int on_host(const zt_zero *z, int unit) {
-  return unit >= 0 && z->unit_param && z->unit_param[unit] &&
-         z->cfg.offload.place[ZT_OFF_PARAMS][unit] != ZT_PLACE_DEVICE;
+/* Where this rank's piece of the unit's weights lives when off the device
+ * (ZT_PLACE_CPU, _NVME), else 0 (on the device, or no piece). */
+static int off_device(const zt_zero *z, int unit) {
+  if (unit < 0 || !z->unit_param || !gather_counts(z, unit)[z->dp->rank]) return 0;
+  return z->cfg.offload.place[ZT_OFF_PARAMS][unit];
+}
+
+static void fail(zt_zero *z, const zt_err *e) {
+  if (!z->failed) z->err = *e;
+  z->failed = 1;
 }
 
 /* Starts copying the unit's host piece down to a staging buffer on the
  * copy stream (a buffer no gather has taken yet is reused when none is
  * free: its copy is only dropped). Returns the buffer, or -1. */
 static int stage_params(zt_zero *z, int unit) {
-  if (!on_host(z, unit)) return -1;
+  int where = off_device(z, unit);
+  if (!where) return -1;
   for (int i = 0; i < PARAM_STAGE_BUFFERS; i++)
     if (z->stage_unit[i] == unit) return i;
   int k = -1;
@@ -534,6 +553,18 @@ static int stage_params(zt_zero *z, int unit) {
   int *counts = gather_counts(z, unit), *displs = counts + z->dp->size, me = z->dp->rank;
   size_t x = zt_dtype_size(z->cfg.param_dtype);
   z->stage_unit[k] = unit;
+  if (where == ZT_PLACE_NVME) {
+    /* read from the file now; copied down when the gather takes it, once
+     * the copy out of the same host buffer last time is done */
+    zt_err e;
+    z->be->event_sync(z->stage_in[k]);
+    z->stage_reading[k] = 1;
+    if (zt_offload_param_fetch(z->off, unit, k, &e)) {
+      fail(z, &e);
+      z->stage_reading[k] = 0;
+    }
+    return k;
+  }
   /* after the weights were last written, and after the gather that last
    * read this buffer */
   z->be->event_wait(z->cs, z->params_ready);
@@ -564,6 +595,15 @@ static void start_gather(zt_zero *z, int unit, int backward) {
   size_t x = zt_dtype_size(t);
   void *piece = (char *)z->gbufs[k] + (size_t)displs[me] * x;
   int j = stage_params(z, unit);
+  if (j >= 0 && z->stage_reading[j]) { /* read from the file: down to the staging */
+    zt_err e;
+    const void *h = zt_offload_param_wait(z->off, j, &e);
+    z->stage_reading[j] = 0;
+    if (!h) fail(z, &e);
+    z->be->event_wait(z->cs, z->stage_out[j]);
+    if (h) z->be->copy(z->cs, z->stage[j], h, (size_t)counts[me] * x);
+    z->be->event_record(z->stage_in[j], z->cs);
+  }
   if (j >= 0) {
     z->be->event_wait(z->stream, z->stage_in[j]);
     z->be->copy(z->stream, piece, z->stage[j], (size_t)counts[me] * x);
@@ -701,6 +741,15 @@ void zt_zero_grads_end(zt_zero *z, zt_zero_range *r) {
           z->unit_keep[z->gbuf_unit[i]] = 0;
           release_unit(z, z->gbuf_unit[i]);
         }
+      /* and a read of weights from the file that no gather took is done
+       * before the update writes them there */
+      for (int i = 0; z->cs && i < PARAM_STAGE_BUFFERS; i++)
+        if (z->stage_reading[i]) {
+          zt_err e;
+          if (!zt_offload_param_wait(z->off, i, &e)) fail(z, &e);
+          z->stage_reading[i] = 0;
+          z->stage_unit[i] = -1;
+        }
   }
   int64_t lo = z->cfg.stage == 0 ? 0 : z->lo, hi = z->cfg.stage == 0 ? z->numel : z->hi;
   const state_buf *w = &z->st[ZT_STATE_MASTER];
@@ -714,6 +763,10 @@ void zt_zero_grads_end(zt_zero *z, zt_zero_range *r) {
 int zt_zero_update(zt_zero *z, const zt_zero_range *r, int update, zt_update_fn fn, void *ctx,
                    zt_step_sums *sums, uint64_t *host_nonfinite, zt_err *e) {
   zt_update_exec x = {.be = z->be, .stream = z->stream, .sums = sums};
+  if (z->failed) {
+    *e = z->err;
+    return e->code;
+  }
   if (z->off) {
     int rc = zt_offload_step(z->off, r->g, update, fn, ctx, &x, host_nonfinite, e);
     if (!rc && update) params_written(z);

@@ -23,7 +23,8 @@ typedef struct zt_bucket {
 #define GATHER_BUFFERS 3 /* stage 3: current, prefetched next, tied unit */
 /* stage 3, params on the host: device buffers their pieces are copied
  * down to ahead of the gather (the unit gathered and the one after) */
-#define PARAM_STAGE_BUFFERS 2
+#define PARAM_STAGE_BUFFERS ZT_OFFLOAD_PARAM_SLOTS /* and, params on nvme, the host
+                                                  * buffers their pieces are read into */
 
 /* Packs u's units into buckets of at most bucket_bytes (b[] has room for
  * u->n), bucket_of[unit] its bucket or -1; returns how many. */
@@ -38,11 +39,11 @@ int zt_zero_offloads(const zt_offload_cfg *c);
 zt_offload_layout zt_zero_offload_layout(const zt_zero_cfg *c, const zt_zero_units *u,
                                          int64_t numel, int dp, int r);
 /* Stage 3 with a policy placing params off the device: elements of this
- * rank's PARAM (dp rank r) on the device (n[0]) and on the host (n[1]),
- * and the largest host unit's piece (*stage, the staging buffers' size).
- * 0 (and zeros) when the params are not placed. */
+ * rank's PARAM (dp rank r) at each placement (n[ZT_PLACE_DEVICE], _CPU,
+ * _NVME), and the largest off-device unit's piece (*stage, the staging
+ * buffers' size). 0 (and zeros) when the params are not placed. */
 int zt_zero_param_split(const zt_zero_cfg *c, const zt_zero_units *u, int64_t numel, int dp,
-                        int r, int64_t n[2], int64_t *stage);
+                        int r, int64_t n[ZT_PLACES], int64_t *stage);
 /* How the stage holds state k without offload: whole or the shard, dtype,
  * memory, and whether it is another state's memory. */
 void zt_zero_state_layout(const zt_zero_cfg *c, zt_state_kind k, int *whole, zt_dtype *dt,

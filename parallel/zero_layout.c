@@ -77,15 +77,15 @@ zt_offload_layout zt_zero_offload_layout(const zt_zero_cfg *c, const zt_zero_uni
 }
 
 int zt_zero_param_split(const zt_zero_cfg *c, const zt_zero_units *u, int64_t numel, int dp,
-                        int r, int64_t n[2], int64_t *stage) {
+                        int r, int64_t n[ZT_PLACES], int64_t *stage) {
   const unsigned char *pl = c->offload.place[ZT_OFF_PARAMS];
-  n[0] = n[1] = *stage = 0;
+  for (int q = 0; q < ZT_PLACES; q++) n[q] = 0;
+  *stage = 0;
   if (c->stage < 3 || !zt_offload_any(&c->offload, ZT_OFF_PARAMS)) return 0;
   for (int i = 0; i < u->n; i++) {
     int64_t m = zt_zero_part(numel, dp, r, u->start[i], u->start[i] + u->numel[i], NULL);
-    int host = pl[i] != ZT_PLACE_DEVICE;
-    n[host] += m;
-    if (host && m > *stage) *stage = m;
+    n[pl[i]] += m;
+    if (pl[i] != ZT_PLACE_DEVICE && m > *stage) *stage = m;
   }
   return 1;
 }
@@ -121,19 +121,22 @@ int zt_zero_plan_bytes(const zt_zero_cfg *cfg, int dp, int dp_rank, int64_t nume
     out->state[k] = alias ? 0 : out->elems[k] * (int64_t)zt_dtype_size(dt);
     out->placed[k][mem == ZT_MEM_DEVICE ? ZT_PLACE_DEVICE : ZT_PLACE_CPU] = out->state[k];
   }
-  int64_t pn[2], pstage;
+  int64_t pn[ZT_PLACES], pstage;
   if (zt_zero_param_split(cfg, units, numel, dp, dp_rank, pn, &pstage)) {
     size_t x = zt_dtype_size(cfg->param_dtype);
-    out->placed[ZT_STATE_PARAM][ZT_PLACE_DEVICE] = pn[0] * (int64_t)x;
-    out->placed[ZT_STATE_PARAM][ZT_PLACE_CPU] = pn[1] * (int64_t)x;
+    out->placed[ZT_STATE_PARAM][ZT_PLACE_DEVICE] = pn[ZT_PLACE_DEVICE] * (int64_t)x;
+    out->placed[ZT_STATE_PARAM][ZT_PLACE_CPU] = pn[ZT_PLACE_CPU] * (int64_t)x;
+    out->state[ZT_STATE_PARAM] = (pn[ZT_PLACE_DEVICE] + pn[ZT_PLACE_CPU]) * (int64_t)x;
     out->param_stage = PARAM_STAGE_BUFFERS * pstage * (int64_t)x;
   }
   if (zt_zero_offloads(&cfg->offload)) { /* the masters and moments as the store lays them out */
     static const zt_state_kind kinds[ZT_OFF_STATES] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,
                                                        ZT_STATE_EXP_AVG_SQ};
     zt_offload_layout lay = zt_zero_offload_layout(cfg, units, numel, dp, dp_rank);
-    int64_t b[ZT_OFF_STATES][ZT_PLACES];
-    if (zt_offload_plan_bytes(&cfg->offload, &lay, b, &out->offload_staging)) return -1;
+    int64_t b[ZT_OFF_STATES][ZT_PLACES], param_file;
+    if (zt_offload_plan_bytes(&cfg->offload, &lay, b, &param_file, &out->offload_staging))
+      return -1;
+    out->placed[ZT_STATE_PARAM][ZT_PLACE_NVME] = param_file;
     for (int s = 0; s < ZT_OFF_STATES; s++) {
       zt_state_kind k = kinds[s];
       out->elems[k] = lay.hi - lay.lo;

@@ -356,8 +356,8 @@ static int offload(ctx *c, const char *path, const json_t *o, const char **devic
 
 /* The offload sections as one `offload = {...}` statement: the optimizer's
  * states are its fp32 masters and moments; DeepSpeed's offload_param (the
- * ZeRO-3 parameters) is the policy's params, which ztrain places on the
- * host (its checks refuse them below stage 3) but not yet in a file. */
+ * ZeRO-3 parameters) is the policy's params, on the host or in the file
+ * (its checks refuse them below stage 3). */
 static int offloads(ctx *c, const json_t *z) {
   const char *opt = NULL, *par = NULL, *dir = NULL;
   const json_t *v;
@@ -368,10 +368,6 @@ static int offloads(ctx *c, const json_t *z) {
   if ((v = json_object_get(z, "offload_param")) &&
       (rc = offload(c, "zero_optimization.offload_param", v, &par, &dir)))
     return rc;
-  if (par && !strcmp(par, "nvme"))
-    return zt_err_set(c->e, ZT_EINPUT, "--ds-config %s: zero_optimization.offload_param.device \"nvme\" "
-                      "is refused: ztrain keeps ZeRO-3 parameters on the device or in host memory, not "
-                      "in a file; use \"cpu\" (or offload_optimizer to nvme)", c->file);
   if ((v = json_object_get(z, "cpu_offload"))) { /* the old spelling of offload_optimizer cpu */
     int on = 0;
     if ((rc = get_bool(c, "zero_optimization.cpu_offload", v, &on))) return rc;
@@ -383,7 +379,7 @@ static int offloads(ctx *c, const json_t *z) {
   if (!opt && !par) return ZT_OK;
   sbuf t = {0};
   sb_printf(&t, "offload = {");
-  if (dir && opt && !strcmp(opt, "nvme")) {
+  if (dir && ((opt && !strcmp(opt, "nvme")) || (par && !strcmp(par, "nvme")))) {
     sb_printf(&t, "dir = ");
     lua_string(&t, dir);
     sb_printf(&t, ", ");

@@ -116,10 +116,6 @@ int zt_config_offload(lua_State *L, zt_plan *p, int check_dir, zt_err *e) {
                         "params can be offloaded at ZeRO stage 3 only (each rank holds its "
                         "shard, gathered per unit; below 3 they are whole): set parallel.zero = 3 "
                         "or keep them on the device", name, v, p->parallel.zero.stage);
-      } else if (place == ZT_PLACE_NVME && k == ZT_OFF_PARAMS) {
-        rc = zt_err_set(e, ZT_EINPUT,
-                        "offload: the policy placed the params of %s on nvme; params can be "
-                        "offloaded to \"cpu\" (at ZeRO stage 3), not to nvme", name);
       } else if (place != ZT_PLACE_DEVICE && k == ZT_OFF_GRADS) {
         rc = zt_err_set(e, ZT_EINPUT,
                         "offload: the policy placed the grads of %s on %s; grads stay on the "

@@ -39,7 +39,8 @@ static int zero_rows(const zt_plan *p, const zt_model *m, zt_memplan *o, zt_err 
   const char *ps = st < 3 ? "whole" : "shard";
   snprintf(o->detail[ZT_MEM_PARAMS], sizeof o->detail[0], "%s, %s, %lld elements",
            zt_dtype_name(zc.param_dtype), ps, (long long)z.elems[ZT_STATE_PARAM]);
-  if (z.state[ZT_STATE_MASTER])
+  if (z.placed[ZT_STATE_MASTER][ZT_PLACE_DEVICE] + z.placed[ZT_STATE_MASTER][ZT_PLACE_CPU] +
+      z.placed[ZT_STATE_MASTER][ZT_PLACE_NVME])
     snprintf(o->detail[ZT_MEM_MASTERS], sizeof o->detail[0], "fp32, %s",
              st == 0 ? "whole" : "shard");
   else
@@ -82,7 +83,7 @@ static int zero_rows(const zt_plan *p, const zt_model *m, zt_memplan *o, zt_err 
   if (z.reduce16) n += snprintf(d + n, cap - n, "16-bit gradients to reduce; ");
   if (z.gather) n += snprintf(d + n, cap - n, "3 gather buffers of %.1f MiB; ",
                               mib(z.gather / 3));
-  if (z.param_stage) n += snprintf(d + n, cap - n, "2 staging buffers of %.1f MiB (params on host); ",
+  if (z.param_stage) n += snprintf(d + n, cap - n, "2 staging buffers of %.1f MiB (params off the device); ",
                                    mib(z.param_stage / 2));
   return ZT_OK;
 }

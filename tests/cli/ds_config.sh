@@ -130,6 +130,17 @@ run dsz3 1 --ds-config dsz3.json run.lua
 run dsz3p 1 --ds-config dsz3p.json run.lua
 same dsz3.jsonl dsz3p.jsonl && grep -qF 'offload_param -> offload = {params = "cpu"}' dsz3p.txt && ok ||
   bad "offload_param cpu: not mapped, or the run differs from the device's"
+# and nvme (ZeRO-Infinity), with the optimizer's states in the same directory
+/usr/bin/python3 -c "
+import json; d = json.load(open('dsz3.json'))
+d['zero_optimization']['offload_param'] = {'device': 'nvme', 'nvme_path': 'nvme'}
+d['zero_optimization']['offload_optimizer'] = {'device': 'cpu'}
+json.dump(d, open('dsz3n.json', 'w'))"
+run dsz3n 1 --ds-config dsz3n.json run.lua
+same dsz3.jsonl dsz3n.jsonl &&
+  grep -qF 'offload_param -> offload = {dir = "nvme", master = "cpu", moments = "cpu", params = "nvme"}' dsz3n.txt &&
+  ok || bad "offload_param nvme: not mapped, or the run differs from the device's"
+[ -z "$(ls -A nvme)" ] && ok || bad "offload files left in nvme/: $(ls nvme)"
 
 # (2) two ranks: "auto" micro batch = 8 / (2 accumulation * dp 2) = 2
 hand 2 > hand2.lua
@@ -185,8 +196,8 @@ refused '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu
   'zero_optimization.offload_optimizer.device must be "none", "cpu" or "nvme", got "gpu"'
 refused '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
   "offload_param": {"device": "nvme", "nvme_path": "/b"}}}' 'the offload sections name two nvme_path directories'
-refused '{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/a"}}}' \
-  'zero_optimization.offload_param.device "nvme" is refused: ztrain keeps ZeRO-3 parameters on the device or in host memory'
+refused '{"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}' \
+  'zero_optimization.offload_param.device "nvme" needs zero_optimization.offload_param.nvme_path'
 refused '{"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}}' \
   'params can be offloaded at ZeRO stage 3 only'
 refused '{"activation_checkpointing": {"cpu_checkpointing": true}}' \

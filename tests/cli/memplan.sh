@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The memory planner is right: for a matrix of real runs (1-4 ranks; ZeRO
 # 0-3, tp, pp with schedules, recomputation on and off, fp32 and bf16,
-# offload of masters and moments to cpu and nvme, of params to cpu),
+# offload of masters and moments to cpu and nvme, of params to cpu and nvme),
 # every rank's measured peak — its resident high-water mark less the empty
 # process (what ztrain prints as "memory rank R: peak X MiB above the empty
 # process") — is within 5% of `ztrain plan --json`'s peak_bytes for that
@@ -131,6 +131,10 @@ case_ dp2_z3_offload_nvme 2 "$GPT"  "parallel = {dp = 2, zero = {stage = 3, over
 offload = {dir = '$W/nv', master = 'nvme', moments = 'nvme'}"
 case_ dp2_z3_params_cpu  2 "$GPT"   'parallel = {dp = 2, zero = {stage = 3, overlap = false}} train.precision = "bf16"
 offload = {params = "cpu"}'
+# ZeRO-Infinity: params, masters and moments all in the file; resident are
+# the params' two device staging buffers and the host buffers they are read into
+case_ dp2_z3_infinity    2 "$GPT"   "parallel = {dp = 2, zero = {stage = 3, overlap = false}} train.precision = 'bf16'
+offload = {dir = '$W/nv', params = 'nvme', master = 'nvme', moments = 'nvme'}"
 case_ offload_by_block   1 "$LLAMA" "train.precision = 'bf16'
 offload = {dir = '$W/nv', place = function(g)
   if g.kind == 'moments' then return g.block % 2 == 0 and 'nvme' or 'cpu' end

@@ -14,6 +14,12 @@
 #    memory, copied down ahead of its gather): all units (fp32, and bf16
 #    with everything on the host), per block with a function (bf16), and
 #    under pp 2 x dp 2 with 1F1B; resumed from a checkpoint;
+#  - ZeRO 3 with params on "nvme" (ZeRO-Infinity: each unit's piece in the
+#    rank's file, read into a host buffer a unit ahead of its gather and
+#    written back by the update): all units (fp32), by block over nvme,
+#    cpu and the device with masters and moments of some blocks in the
+#    file too (bf16), under pp 2 x dp 2 interleaved, on the remote backend
+#    and the threads engine; resumed from a checkpoint;
 #  - the remote backend (device memory the host cannot address);
 #  - a checkpoint written under cpu (asynchronously, with states spread
 #    over memories) resumes under device, nvme and the per-block policy as
@@ -21,7 +27,7 @@
 #  - the nvme files are gone after the run, and a stale one is replaced;
 #  - a non-finite gradient is reported as on the device;
 # and a bad policy (an unknown placement, an error, a kind that cannot be
-# offloaded, a misspelt key, nvme without a dir, a dir that is missing or
+# offloaded (grads; params below ZeRO 3), a misspelt key, nvme without a dir, a dir that is missing or
 # not a directory) stops with exit 2 and one message before anything is
 # written.
 # Usage: offload.sh ZTRAIN MPIRUN...
@@ -61,6 +67,13 @@ PBLOCKS='offload = function(g)'\
 ' if g.kind == "params" then return (g.block % 2 == 1 or g.name == "head") and "cpu" or "device" end'\
 ' if g.kind == "moments" then return g.block % 2 == 0 and "cpu" or "device" end'\
 ' return "device" end'
+# params in the file too (ZeRO-Infinity): by block on nvme, cpu or the
+# device, the masters and moments of some of them in the file as well
+PNVME="offload = {dir = '$SW', place = function(g)"\
+' if g.kind == "params" then local b = g.block % 3 return b == 0 and "nvme" or b == 1 and "cpu" or'\
+' (g.name == "head" and "nvme" or "device") end'\
+' if g.kind == "grads" then return "device" end'\
+' return g.block % 2 == 0 and "nvme" or "device" end}'
 Z3="parallel = {dp = 2, zero = {stage = 3, bucket_bytes = 4096}}"
 
 # run NAME NP BACKEND LUA...: one run in folder NAME
@@ -92,7 +105,10 @@ layouts=(
   "z3p|2|$Z3|offload = {params = 'cpu'}"
   "z3pa|2|$Z3; train.precision = 'bf16'|offload = {params = 'cpu', master = 'cpu', moments = 'cpu'}"
   "z3pblk|2|$Z3; train.precision = 'bf16'|$PBLOCKS"
-  "z3ppp|4|parallel = {dp = 2, pp = 2, zero = 3}; schedule = zt.schedule.one_f_one_b{}; train.precision = 'bf16'|$PBLOCKS")
+  "z3ppp|4|parallel = {dp = 2, pp = 2, zero = 3}; schedule = zt.schedule.one_f_one_b{}; train.precision = 'bf16'|$PBLOCKS"
+  "z3pn|2|$Z3|offload = {dir = '$SW', params = 'nvme'}"
+  "z3pnb|2|$Z3; train.precision = 'bf16'|$PNVME"
+  "z3pnpp|4|parallel = {dp = 2, pp = 2, zero = 3}; schedule = zt.schedule.interleaved{chunks = 2}; train.precision = 'bf16'|$PNVME")
 for l in "${layouts[@]}"; do
   IFS='|' read -r name np lay pol <<< "$l"
   run $name-dev $np cpu "$lay" && run $name-cpu $np cpu "$lay; $pol" && same $name-dev $name-cpu
@@ -117,6 +133,12 @@ run blk-remote 2 remote "parallel = {dp = 2, zero = 1}; $BLOCKS" && same z1blk-d
 run z3p-remote 2 remote "$Z3; train.precision = 'bf16'; $PBLOCKS" && same z3pblk-dev z3p-remote
 run mix-remote 2 remote "parallel = {dp = 2, zero = 2}; train.precision = 'bf16'; $MIXED" &&
   same z2mix-dev mix-remote
+run pn-remote 2 remote "$Z3; train.precision = 'bf16'; $PNVME" && same z3pnb-dev pn-remote
+# the pool of threads instead of io_uring, for params read ahead of use too
+ZT_NVME_ENGINE=threads run pn-threads 2 cpu "$Z3; train.precision = 'bf16'; $PNVME" &&
+  same z3pnb-dev pn-threads
+grep -q "nvme files in $SW: threads" pn-threads/out.txt && ok ||
+  bad "the threads engine is not named: $(grep -m1 'nvme files' pn-threads/out.txt)"
 grep -q "nvme files in $SW: " z1n-cpu/out.txt && ok || bad "the banner does not name the nvme engine"
 [ -z "$(ls -A $SW)" ] && ok || bad "nvme files left behind: $(ls $SW)"
 # a stale file of this job (a killed run's) is replaced, not read
@@ -162,6 +184,12 @@ mkdir -p res-params
 (cd res-params && timeout 300 "${MPI[@]}" -np 2 "$Z" ../run.lua -e "$Z3; train.precision = 'bf16'; $PBLOCKS" \
    --load ../z3pblk-cpu/ck/step_00000002.h5 --metrics m.jsonl --save final.h5 > out.txt 2>&1) &&
   same ptail res-params || { bad "resume with params on the host failed"; tail -3 res-params/out.txt; }
+# and the params in the file: the load writes them there, the passes read them
+mkdir -p res-pnvme
+(cd res-pnvme && timeout 300 "${MPI[@]}" -np 2 "$Z" ../run.lua -e "$Z3; train.precision = 'bf16'; $PNVME" \
+   --load ../z3pblk-cpu/ck/step_00000002.h5 --metrics m.jsonl --save final.h5 > out.txt 2>&1) &&
+  same ptail res-pnvme || { bad "resume with params in the file failed"; tail -3 res-pnvme/out.txt; }
+[ -z "$(ls -A $SW)" ] && ok || bad "nvme files left behind: $(ls $SW)"
 
 # bad policies: exit 2, one message, nothing written (on two ranks for
 # the first two, whose message must come once)
@@ -190,8 +218,8 @@ badrun "params refused" 'params can be offloaded at ZeRO stage 3' \
   'offload = function(g) return g.kind == "params" and g.block == 1 and "cpu" or "device" end'
 badrun "params at zero 1" 'the params of embedding on cpu at ZeRO stage 1; params can be offloaded at ZeRO stage 3' \
   'parallel.zero = 1; offload = {params = "cpu"}'
-badrun "params on nvme" 'the params of embedding on nvme; params can be offloaded to "cpu"' \
-  "parallel.zero = 3; offload = {dir = '$W', params = 'nvme'}"
+badrun "params on nvme at zero 2" 'the params of embedding on nvme at ZeRO stage 2; params can be offloaded at ZeRO stage 3' \
+  "parallel.zero = 2; offload = {dir = '$W', params = 'nvme'}"
 badrun "misspelt key" "unknown key 'mastr' (did you mean 'master'?)" 'offload = {mastr = "cpu"}'
 badrun "misspelt global" "unknown global table 'ofload' (did you mean 'offload'?)" 'ofload = {master = "cpu"}'
 badrun "bad value" 'offload.moments must be one of "device", "cpu", "nvme"' 'offload = {moments = "ssd"}'
