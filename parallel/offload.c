@@ -28,12 +28,17 @@ typedef struct seg {
   char *ptr[ZT_OFF_STATES];
   int64_t off[ZT_OFF_STATES];
   int64_t off_p; /* params on nvme: the byte offset of the weights in the file */
+  float *hg;      /* grads_ahead: the pinned copy of its gradients (element a) */
+  int c0;         /* its first chunk */
 } seg;
 
-/* A piece of the host-updated part: [a, a + n) of segment s. */
+/* A piece of the host-updated part: [a, a + n) of segment s; `have`: how
+ * many of its gradients are in the pinned copy this step (n: all, so the
+ * step copies none down; negative: written again since). */
 typedef struct chunk {
   int64_t a, n;
   int s;
+  int64_t have;
 } chunk;
 
 struct zt_offload {
@@ -50,6 +55,9 @@ struct zt_offload {
   float *slot[NSLOT][SL_BUFS]; /* pinned, aligned for nvme requests */
   void *slot_raw[NSLOT][SL_BUFS];
   zt_event *ev_in[NSLOT], *ev_out[NSLOT], *ev_ready, *ev_done;
+  zt_event *ev_grad;   /* grads_ahead: the model stream where final gradients are written */
+  float *hgrad;        /* grads_ahead: the pinned copy of the host-updated gradients */
+  int64_t hgrad_elems;
   zt_step_sums *hsums; /* host */
   zt_nvme *file;     /* the nvme-placed states, NULL when none */
   int depth;         /* chunks loaded ahead: NSLOT - 1, or 1 when serial */
@@ -146,11 +154,13 @@ static int plan_segments(zt_offload *o, const zt_offload_cfg *cfg) {
   }
   o->chunks = malloc((size_t)(nch ? nch : 1) * sizeof *o->chunks);
   if (!o->chunks) return -1;
-  for (int k = 0; k < o->nseg; k++)
+  for (int k = 0; k < o->nseg; k++) {
+    o->segs[k].c0 = o->nchunk;
     for (int64_t a = o->segs[k].a; host_updated(&o->segs[k]) && a < o->segs[k].b; a += CHUNK) {
       int64_t n = o->segs[k].b - a < CHUNK ? o->segs[k].b - a : CHUNK;
       o->chunks[o->nchunk++] = (chunk){.a = a, .n = n, .s = k};
     }
+  }
   return 0;
 }
 
@@ -238,16 +248,26 @@ static int alloc_states(zt_offload *o) {
   return 0;
 }
 
+/* Elements of the pinned copy of the gradients: every host-updated
+ * segment's, when the layout asks for it. */
+static int64_t grads_host_elems(const zt_offload *o) {
+  int64_t n = 0;
+  for (int k = 0; o->lay.grads_ahead && k < o->nseg; k++)
+    if (host_updated(&o->segs[k])) n += o->segs[k].b - o->segs[k].a;
+  return n;
+}
+
 int zt_offload_plan_bytes(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
-                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *param_file,
-                          int64_t *staging) {
+                          zt_offload_sizes *out) {
   zt_offload o = {.lay = *lay};
+  memset(out, 0, sizeof *out);
   int rc = plan_segments(&o, cfg);
   if (!rc) {
-    lay_out(&o, bytes, param_file);
-    *staging = (int64_t)NSLOT * SL_BUFS * (int64_t)(slot_bytes(&o) + FILE_ALIGN);
+    lay_out(&o, out->state, &out->param_file);
+    out->staging = (int64_t)NSLOT * SL_BUFS * (int64_t)(slot_bytes(&o) + FILE_ALIGN);
     int64_t ps = param_slot_bytes(&o);
-    if (ps) *staging += ZT_OFFLOAD_PARAM_SLOTS * (ps + FILE_ALIGN);
+    if (ps) out->staging += ZT_OFFLOAD_PARAM_SLOTS * (ps + FILE_ALIGN);
+    out->grads_host = grads_host_elems(&o) * (int64_t)sizeof(float);
   }
   free(o.segs);
   free(o.chunks);
@@ -299,6 +319,17 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
   for (int u = 0; ok && u < lay->n_units; u++) o->seg_of_unit[u] = -1;
   for (int k = 0; ok && k < o->nseg; k++) o->seg_of_unit[o->segs[k].unit] = k;
   o->pslot_bytes = ok ? param_slot_bytes(o) : 0;
+  o->hgrad_elems = ok ? grads_host_elems(o) : 0;
+  if (ok && o->hgrad_elems) {
+    ok = (o->hgrad = be->alloc(ZT_MEM_PINNED, (size_t)o->hgrad_elems * sizeof(float))) &&
+         (o->ev_grad = be->event_new());
+    o->bytes[ZT_PLACE_CPU] += o->hgrad_elems * (int64_t)sizeof(float);
+    for (int k = 0, used = 0; ok && k < o->nseg; k++)
+      if (host_updated(&o->segs[k])) {
+        o->segs[k].hg = o->hgrad + used;
+        used += (int)(o->segs[k].b - o->segs[k].a);
+      }
+  }
   for (int i = 0; ok && o->pslot_bytes && i < ZT_OFFLOAD_PARAM_SLOTS; i++) {
     char *raw = be->alloc(ZT_MEM_PINNED, (size_t)(o->pslot_bytes + FILE_ALIGN));
     o->pslot_raw[i] = raw;
@@ -347,6 +378,8 @@ void zt_offload_free(zt_offload *o) {
   for (int i = 0; i < ZT_OFFLOAD_PARAM_SLOTS; i++)
     if (o->pslot_raw[i]) o->be->free(ZT_MEM_PINNED, o->pslot_raw[i]);
   free(o->seg_of_unit);
+  if (o->hgrad) o->be->free(ZT_MEM_PINNED, o->hgrad);
+  if (o->ev_grad) o->be->event_free(o->ev_grad);
   if (o->ev_ready) o->be->event_free(o->ev_ready);
   if (o->ev_done) o->be->event_free(o->ev_done);
   if (o->cs) o->be->stream_free(o->cs);
@@ -509,7 +542,7 @@ static int load(zt_offload *o, float *g, int i, zt_err *e) {
     o->wrp[k] = -1;
     o->be->event_sync(o->ev_out[k]);
   }
-  o->be->copy(o->cs, sl[SL_G], g + (c->a - o->lay.lo), bytes);
+  if (c->have != c->n) o->be->copy(o->cs, sl[SL_G], g + (c->a - o->lay.lo), bytes);
   for (int s = 0; s < ZT_OFF_STATES; s++) {
     if (sg->place[s] == ZT_PLACE_DEVICE) o->be->copy(o->cs, sl[SL_W + s], at(o, c->s, s, c->a), bytes);
     if (sg->place[s] == ZT_PLACE_NVME &&
@@ -609,8 +642,10 @@ int zt_offload_step(zt_offload *o, float *g, int update, zt_update_fn fn, void *
     if ((rc = arrived(o, i, e))) break;
     double t1 = tracing ? zt_timer_now() : 0;
     float **sl = o->slot[i % NSLOT];
+    const seg *sg = &o->segs[c->s];
+    float *hg = c->have == c->n ? sg->hg + (c->a - sg->a) : sl[SL_G];
     zt_update_range r = {.lo = c->a, .hi = c->a + c->n, .w = host_state(o, i, ZT_OFF_W),
-                         .g = sl[SL_G], .m = host_state(o, i, ZT_OFF_M),
+                         .g = hg, .m = host_state(o, i, ZT_OFF_M),
                          .v = host_state(o, i, ZT_OFF_V), .w16 = half(o) ? sl[SL_W16] : NULL,
                          .dt16 = o->lay.param_dt};
     fn(ctx, &hx, &r);
@@ -667,4 +702,51 @@ const void *zt_offload_param_wait(zt_offload *o, int slot, zt_err *e) {
   }
   o->prd[slot] = -1;
   return o->pslot[slot];
+}
+
+/* ---- gradients down during backward ---------------------------------------- */
+
+void zt_offload_grads_begin(zt_offload *o) {
+  for (int i = 0; i < o->nchunk; i++) o->chunks[i].have = 0;
+}
+
+/* Runs body for each host-updated chunk c_ (of segment g_) that meets
+ * [a, b), with [cx, cy) the part they share. */
+#define FOR_CHUNKS(o, a, b, body)                                                       \
+  for (int k_ = 0; k_ < (o)->nseg; k_++) {                                              \
+    const seg *g_ = &(o)->segs[k_];                                                     \
+    int64_t x_ = g_->a > (a) ? g_->a : (a), y_ = g_->b < (b) ? g_->b : (b);             \
+    if (!host_updated(g_) || y_ <= x_) continue;                                        \
+    for (int i_ = g_->c0 + (int)((x_ - g_->a) / CHUNK); i_ < (o)->nchunk &&             \
+         (o)->chunks[i_].s == k_ && (o)->chunks[i_].a < y_; i_++) {                     \
+      chunk *c_ = &(o)->chunks[i_];                                                     \
+      int64_t cx = c_->a > x_ ? c_->a : x_, cy = c_->a + c_->n < y_ ? c_->a + c_->n : y_; \
+      body                                                                              \
+    }                                                                                   \
+  }
+
+void zt_offload_grads_final(zt_offload *o, const float *g, int64_t a, int64_t b) {
+  if (!o->hgrad) return;
+  int waited = 0;
+  int64_t elements = 0;
+  double t0 = zt_trace_on() ? zt_timer_now() : 0;
+  FOR_CHUNKS(o, a, b, {
+    if (!waited) { /* after the model stream has written them */
+      o->be->event_record(o->ev_grad, o->stream);
+      o->be->event_wait(o->cs, o->ev_grad);
+      waited = 1;
+    }
+    o->be->copy(o->cs, g_->hg + (cx - g_->a), g + (cx - o->lay.lo), (size_t)(cy - cx) * sizeof(float));
+    if (c_->have >= 0) c_->have += cy - cx;
+    elements += cy - cx;
+  })
+  /* issued during backward: the trace shows where (on a GPU the copy
+   * itself runs later on the copy stream) */
+  if (elements && t0)
+    zt_trace_slice("offload", "grads down", NULL, t0, zt_timer_now(), "elements",
+                   (long long)elements, NULL, 0);
+}
+
+void zt_offload_grads_stale(zt_offload *o, int64_t a, int64_t b) {
+  FOR_CHUNKS(o, a, b, { (void)cx; (void)cy; c_->have = -1; })
 }

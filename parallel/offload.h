@@ -98,6 +98,8 @@ typedef struct zt_offload_layout {
                             * [lo, hi); NULL: one buffer */
   zt_dtype param_dt;
   int master_is_param;
+  int grads_ahead; /* gradients of host-updated units final before the step
+                    * (zt_offload_grads_final): a pinned copy of them */
   int rank;
 } zt_offload_layout;
 
@@ -107,16 +109,20 @@ zt_offload *zt_offload_new(const zt_offload_cfg *cfg, const zt_offload_layout *l
                            const zt_backend *be, zt_stream *stream, zt_err *e);
 void zt_offload_free(zt_offload *o);
 
-/* What zt_offload_new would hold, without allocating: bytes of each state
- * (ZT_OFF_W, _M, _V) per placement (nvme: its extent of the file, padded),
- * of the weights placed in the file (padded), and of the pinned staging of
- * the host update and of the weights read from the file. -1 when out of
- * memory. */
+/* What zt_offload_new holds, in bytes. */
+typedef struct zt_offload_sizes {
+  int64_t state[ZT_OFF_STATES][ZT_PLACES]; /* each state (ZT_OFF_W, _M, _V) per placement
+                                            * (nvme: its extent of the file, padded) */
+  int64_t param_file; /* the weights placed in the file (padded) */
+  int64_t grads_host; /* grads_ahead: the pinned copy of the host-updated gradients */
+  int64_t staging;    /* pinned: the host update's chunks, the weights read from the file */
+} zt_offload_sizes;
+/* zt_offload_new's sizes without allocating; -1 when out of memory. */
 int zt_offload_plan_bytes(const zt_offload_cfg *cfg, const zt_offload_layout *lay,
-                          int64_t bytes[ZT_OFF_STATES][ZT_PLACES], int64_t *param_file,
-                          int64_t *staging);
+                          zt_offload_sizes *out);
 
-/* Bytes held per placement (all three states). */
+/* Bytes held per placement (all three states, and the pinned copy of the
+ * gradients). */
 void zt_offload_bytes(const zt_offload *o, int64_t bytes[ZT_PLACES]);
 
 /* State s as one buffer when all of it lives in one memory (*mem its
@@ -153,6 +159,17 @@ int zt_offload_param_fetch(zt_offload *o, int unit, int slot, zt_err *e);
 /* Waits for the slot's read; the piece (pinned host memory), or NULL with
  * *e set when the read failed. */
 const void *zt_offload_param_wait(zt_offload *o, int slot, zt_err *e);
+
+/* ZeRO-Offload's overlap, with lay.grads_ahead: the gradients of flat
+ * range [a, b) (device memory, `g` at element lo, written on the model
+ * stream) are final for this step; their host-updated part starts down to
+ * the pinned copy on the copy stream, so that the step's host update
+ * finds it there. Between zt_offload_grads_begin (every step, before the
+ * passes) and the step; a range written again after this call
+ * (zt_offload_grads_stale) is copied at the step as without it. */
+void zt_offload_grads_begin(zt_offload *o);
+void zt_offload_grads_final(zt_offload *o, const float *g, int64_t a, int64_t b);
+void zt_offload_grads_stale(zt_offload *o, int64_t a, int64_t b);
 
 /* The NVMe engine that reads and writes this rank's file, as
  * zt_nvme_engine_name says it; NULL when nothing is placed on nvme. */

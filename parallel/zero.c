@@ -447,6 +447,10 @@ static void finish_bucket(zt_zero *z, zt_bucket *b) {
     z->be->convert(z->stream, ZT_F32, z->recv[b->buf], z->cfg.reduce_dtype, z->hrecv[b->buf],
                    (size_t)n);
   if (n) z->be->add(z->stream, ZT_F32, grads(z) + (from - z->lo), z->recv[b->buf], (size_t)n);
+  /* the step's last reduction of the bucket: its sum is final, and the
+   * part the host updates starts down while backward goes on */
+  if (++b->reduced == z->cfg.microbatches && n && z->off)
+    zt_offload_grads_final(z->off, grads(z), from, from + n);
   z->buf_busy[b->buf] = 0;
   b->buf = -1;
   b->in_flight = 0;
@@ -701,6 +705,8 @@ void zt_zero_after(zt_zero *z, int unit, zt_zero_pass pass) {
 
 void zt_zero_grads_begin(zt_zero *z) {
   const state_buf *g = &z->st[ZT_STATE_GRAD];
+  for (int i = 0; i < z->n_buckets; i++) z->buckets[i].reduced = 0;
+  if (z->off) zt_offload_grads_begin(z->off);
   z->be->memzero(z->stream, g->p, (size_t)(z->cfg.stage < 2 ? z->numel : z->S) * sizeof(float));
 }
 
@@ -814,8 +820,16 @@ void zt_zero_params_sync(zt_zero *z) {
 
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src) {
   if (n <= 0) return;
-  if (z->cfg.stage < 2) z->be->add(z->stream, ZT_F32, grads(z) + a, src, (size_t)n);
-  else z->be->add(z->stream, ZT_F32, grads(z) + (a - z->lo), src, (size_t)n);
+  if (z->cfg.stage < 2) {
+    z->be->add(z->stream, ZT_F32, grads(z) + a, src, (size_t)n);
+    return;
+  }
+  z->be->add(z->stream, ZT_F32, grads(z) + (a - z->lo), src, (size_t)n);
+  zt_zero_grads_written(z, a, n);
+}
+
+void zt_zero_grads_written(zt_zero *z, int64_t a, int64_t n) {
+  if (z->off) zt_offload_grads_stale(z->off, a, a + n);
 }
 
 const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,

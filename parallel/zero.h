@@ -49,6 +49,10 @@ typedef struct zt_zero_cfg {
   zt_dtype param_dtype;
   zt_dtype reduce_dtype;
   zt_offload_cfg offload;
+  /* backward passes per step (each bucket is reduced once in each: the
+   * last reduction's sum is final); 0: unknown, then nothing is taken as
+   * final before the step */
+  int microbatches;
 } zt_zero_cfg;
 
 typedef struct zt_zero_units {
@@ -201,6 +205,9 @@ int64_t zt_zero_part(int64_t numel, int dp, int r, int64_t a, int64_t b, int64_t
  * (the reduction then counts it once), at stages 2 and 3 into the reduced
  * shard after it. */
 void zt_zero_add_grad(zt_zero *z, int64_t a, int64_t n, const float *src);
+/* The caller wrote the reduced gradients of [a, a + n) itself (after
+ * zt_zero_grads_end): a copy of them taken before is stale. */
+void zt_zero_grads_written(zt_zero *z, int64_t a, int64_t n);
 /* The current fp32 weights of this rank's part of [a, b) (NULL when none). */
 const float *zt_zero_owned_weights(const zt_zero *z, int64_t a, int64_t b, int64_t *from,
                                    int64_t *n);

@@ -17,6 +17,7 @@ typedef struct zt_bucket {
   int *counts;         /* per dp rank: part of [lo, hi) it owns */
   zt_req req;
   int in_flight;
+  int reduced;         /* reductions finished this step (one per micro-batch) */
 } zt_bucket;
 
 #define GRAD_BUFFERS (ZT_ZERO_BUCKETS_IN_FLIGHT + 1) /* and the one backward writes */

@@ -71,9 +71,12 @@ zt_offload_layout zt_zero_offload_layout(const zt_zero_cfg *c, const zt_zero_uni
                                         int64_t numel, int dp, int r) {
   int64_t lo = 0, n = numel;
   if (c->stage) n = zt_zero_part(numel, dp, r, 0, numel, &lo);
+  /* from stage 2 the buckets' reductions make the gradients final during
+   * backward, so the host's share can go down then (ZeRO-Offload) */
   return (zt_offload_layout){.n_units = u->n, .start = u->start, .numel = u->numel, .lo = lo,
                              .hi = lo + n, .param_dt = c->param_dtype,
-                             .master_is_param = c->param_dtype == ZT_F32, .rank = r};
+                             .master_is_param = c->param_dtype == ZT_F32,
+                             .grads_ahead = c->stage >= 2, .rank = r};
 }
 
 int zt_zero_param_split(const zt_zero_cfg *c, const zt_zero_units *u, int64_t numel, int dp,
@@ -133,15 +136,17 @@ int zt_zero_plan_bytes(const zt_zero_cfg *cfg, int dp, int dp_rank, int64_t nume
     static const zt_state_kind kinds[ZT_OFF_STATES] = {ZT_STATE_MASTER, ZT_STATE_EXP_AVG,
                                                        ZT_STATE_EXP_AVG_SQ};
     zt_offload_layout lay = zt_zero_offload_layout(cfg, units, numel, dp, dp_rank);
-    int64_t b[ZT_OFF_STATES][ZT_PLACES], param_file;
-    if (zt_offload_plan_bytes(&cfg->offload, &lay, b, &param_file, &out->offload_staging))
-      return -1;
-    out->placed[ZT_STATE_PARAM][ZT_PLACE_NVME] = param_file;
+    zt_offload_sizes o;
+    if (zt_offload_plan_bytes(&cfg->offload, &lay, &o)) return -1;
+    out->offload_staging = o.staging;
+    out->placed[ZT_STATE_PARAM][ZT_PLACE_NVME] = o.param_file;
+    out->placed[ZT_STATE_GRAD][ZT_PLACE_CPU] = o.grads_host;
+    out->state[ZT_STATE_GRAD] += o.grads_host;
     for (int s = 0; s < ZT_OFF_STATES; s++) {
       zt_state_kind k = kinds[s];
       out->elems[k] = lay.hi - lay.lo;
-      out->state[k] = b[s][ZT_PLACE_DEVICE] + b[s][ZT_PLACE_CPU];
-      memcpy(out->placed[k], b[s], sizeof b[s]);
+      out->state[k] = o.state[s][ZT_PLACE_DEVICE] + o.state[s][ZT_PLACE_CPU];
+      memcpy(out->placed[k], o.state[s], sizeof o.state[s]);
     }
   }
   int half_reduce = cfg->reduce_dtype != ZT_F32;

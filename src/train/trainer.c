@@ -166,6 +166,7 @@ int zt_trainer_init(zt_trainer *t, const zt_train_cfg *cfg, zt_model *m,
   zt_zero_units units;
   zt_zero_cfg zc;
   zt_trainer_zero_of(m, zero, group, &units, &zc);
+  zc.microbatches = cfg->accum;
   t->offload_files = zt_offload_uses(&zero->offload, ZT_PLACE_NVME);
   t->zero = zt_zero_new(&zc, m->be, m->stream, &grid->dp_comm, m->numel, &units, e);
   free(group); /* the engine keeps a copy */
@@ -360,6 +361,7 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   if (t->nan_step && t->nan_step <= t->t + 1 && t->t + 1 <= t->nan_last &&
       g->world.rank == t->nan_rank) {
     int i = zt_optim_test_poison(m, &r, count_any);
+    zt_zero_grads_written(t->zero, r.lo, r.hi - r.lo);
     fprintf(stderr, "ztrain: test hook: rank %d: step %lld: gradient of %s set to NaN\n",
             g->world.rank, (long long)t->t + 1, i >= 0 ? m->params[i].t.name : "(none here)");
   }

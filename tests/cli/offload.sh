@@ -25,6 +25,11 @@
 #    over memories) resumes under device, nvme and the per-block policy as
 #    the uninterrupted run goes on;
 #  - the nvme files are gone after the run, and a stale one is replaced;
+#  - from ZeRO 2 the gradients of host-updated units go down as their
+#    buckets' last reductions finish, during backward (ZeRO-Offload's
+#    overlap; the trace shows "grads down" slices before the optimizer),
+#    and a gradient written after that (a tied copy's, the test hook's
+#    NaN) is read again at the step;
 #  - a non-finite gradient is reported as on the device;
 # and a bad policy (an unknown placement, an error, a kind that cannot be
 # offloaded (grads; params below ZeRO 3), a misspelt key, nvme without a dir, a dir that is missing or
@@ -113,6 +118,24 @@ for l in "${layouts[@]}"; do
   IFS='|' read -r name np lay pol <<< "$l"
   run $name-dev $np cpu "$lay" && run $name-cpu $np cpu "$lay; $pol" && same $name-dev $name-cpu
 done
+# ZeRO-Offload's overlap: in a traced step at ZeRO 2 the host-updated
+# gradients are sent down inside backward, before the optimizer starts
+mkdir -p trace2 && (cd trace2 && timeout 300 "${MPI[@]}" -np 2 "$Z" ../run.lua --steps 2 --trace t.json \
+  -e "parallel = {dp = 2, zero = {stage = 2, bucket_bytes = 4096}}; checkpoint.every = 0; $CPU" \
+  > out.txt 2>&1) || bad "the traced run failed"
+/usr/bin/python3 - trace2/t.json <<'PY' && ok || bad "no gradients went down during backward"
+import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+for pid in {e["pid"] for e in ev if e.get("name") == "optimizer"}:
+    opt = sorted(e["ts"] for e in ev if e.get("pid") == pid and e.get("name") == "optimizer")
+    down = sorted(e["ts"] for e in ev if e.get("pid") == pid and e.get("name") == "grads down")
+    # every step: some copies issued before its optimizer, after the last one
+    for k, t in enumerate(opt):
+        prev = opt[k - 1] if k else -1
+        if not any(prev < d < t for d in down):
+            sys.exit(f"rank pid {pid}: step {k + 1}: no grads down before the optimizer")
+PY
 grep -q "offload: params device .* | master cpu .* | moments cpu" z0-cpu/out.txt && ok ||
   bad "the banner does not sum up the placements"
 # the checkpoint's plan records every group: 4 kinds x (embedding, 4 blocks, head)
@@ -149,13 +172,17 @@ run z1n-stale 2 cpu "parallel = {dp = 2, zero = 1}; train.precision = 'fp16'; $N
 
 # a step with a non-finite gradient: the scan that names it reads the
 # offloaded states where they live, and says what the device run says
-for pol in dev cpu; do
-  (ZT_TEST_NAN_AT_STEP=2 timeout 300 "${MPI[@]}" -np 2 -x ZT_TEST_NAN_AT_STEP "$Z" run.lua \
-     -e "parallel = {dp = 2, zero = 1}; checkpoint.every = 0; $([ $pol = cpu ] && echo "$MIXED")" \
-     2>&1 | grep "update skipped" > nan-$pol.txt) || true
+# (at ZeRO 2 the hook writes the gradients after their copy went down
+# during backward: the step must read them again)
+for z in 1 2; do
+  for pol in dev cpu; do
+    (ZT_TEST_NAN_AT_STEP=2 timeout 300 "${MPI[@]}" -np 2 -x ZT_TEST_NAN_AT_STEP "$Z" run.lua \
+       -e "parallel = {dp = 2, zero = $z}; checkpoint.every = 0; $([ $pol = cpu ] && echo "$MIXED")" \
+       2>&1 | grep "update skipped" > nan-$pol.txt) || true
+  done
+  [ -s nan-dev.txt ] && cmp -s nan-dev.txt nan-cpu.txt && ok ||
+    { bad "the non-finite report differs under offload at ZeRO $z"; cat nan-dev.txt nan-cpu.txt; }
 done
-[ -s nan-dev.txt ] && cmp -s nan-dev.txt nan-cpu.txt && ok ||
-  { bad "the non-finite report differs under offload"; cat nan-dev.txt nan-cpu.txt; }
 
 # resume across placements: the cpu run's step-2 checkpoint, resumed under
 # the device and the per-block policy, ends as the uninterrupted run
