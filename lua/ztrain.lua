@@ -74,6 +74,21 @@ local model_mt = object_mt("ztrain.model")
 
 M.schedule = require "ztrain_schedule"
 
+-- The Slurm job this run belongs to (nil outside one), for naming run
+-- directories: zt.slurm.job_id stays the same when Slurm requeues the job,
+-- restart_count counts the requeues. Only job-wide values: every rank
+-- reads the same script and must build the same plan.
+local function slurm_job()
+  local id = os.getenv("SLURM_JOB_ID")
+  if not id or id == "" then return nil end
+  local function int(name) return math.tointeger(tonumber(os.getenv(name) or "")) end
+  return { job_id = id, job_name = os.getenv("SLURM_JOB_NAME"),
+           restart_count = int("SLURM_RESTART_COUNT") or 0,
+           nnodes = int("SLURM_JOB_NUM_NODES") or int("SLURM_NNODES"),
+           ntasks = int("SLURM_NTASKS") }
+end
+M.slurm = slurm_job()
+
 local common_model = {
   vocab = { integer(1, INT_MAX), required = true },
   seq = { integer(1, INT_MAX), required = true },
@@ -393,6 +408,7 @@ local specs = {
     zero = { zero_value, default = 0 },
     order = { oneof("tp-dp-pp"), default = "tp-dp-pp" },
     timeout = { real(0, true), default = 1800.0 },
+    strict = { boolean, default = false },
     sequence_parallel = { boolean, default = false },
     device = { oneof("auto", "cpu", "cuda"), default = "auto" },
     stages = { stages_value },

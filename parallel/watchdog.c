@@ -424,8 +424,8 @@ static void examine(const slot_view *me, double timeout) {
     int r = ranks[i];
     if (r == wd.rank) continue;
     if (st[i] == ZT_OOB_SILENT)
-      add(t, "ztrain: watchdog:   rank %d (pid %d on %s) does not answer: it is stopped or hung "
-          "(SIGSTOP, a debugger, a frozen node)\n", r, zt_oob_pid(r), zt_oob_host(r));
+      add(t, "ztrain: watchdog:   rank %d (pid %d on %s) does not answer: it is stopped or hung, "
+          "or its node is down or cut off (SIGSTOP, a debugger, a frozen node, the network)\n", r, zt_oob_pid(r), zt_oob_host(r));
     else if (st[i] == ZT_OOB_ANSWERED && rep[i].stalled > 0)
       add(t, "ztrain: watchdog:   rank %d (pid %d on %s) was not running for %.1f s until a "
           "moment ago (stopped and continued?)\n", r, zt_oob_pid(r), zt_oob_host(r),
@@ -459,7 +459,8 @@ static void examine(const slot_view *me, double timeout) {
     add(t, "ztrain: watchdog: every rank has arrived and answers: the operation itself does "
         "not complete (network or MPI failure?)\n");
   }
-  add(t, "ztrain: watchdog: ending the job (exit 1)\n");
+  add(t, "ztrain: watchdog: ending the job (exit 1); to go on, start it again with "
+      "--resume auto: it loads the newest good checkpoint in checkpoint.dir\n");
   fputs(t->buf, stderr);
   fflush(stderr);
   /* the launcher forwards stderr asynchronously; let it arrive before the

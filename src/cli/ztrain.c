@@ -401,6 +401,29 @@ static double logical_params(const zt_model *m) {
   return n;
 }
 
+/* The most ranks any node holds. */
+static int max_node_ranks(const zt_grid *g) {
+  int most = 0;
+  for (int k = 0; k < g->nodes; k++) {
+    int n = 0;
+    for (int r = 0; r < g->world.size; r++) n += g->node_of[r] == k;
+    most = n > most ? n : most;
+  }
+  return most;
+}
+
+/* Where the ranks run, and under which Slurm job: one line. */
+static void print_placement(const zt_grid *g) {
+  char at[1024];
+  zt_grid_describe(g, at, sizeof at);
+  const char *job = getenv("SLURM_JOB_ID"), *restart = getenv("SLURM_RESTART_COUNT");
+  char slurm[128] = "";
+  if (job && *job)
+    snprintf(slurm, sizeof slurm, " | slurm job %s%s%s", job, restart && *restart ? ", restart " : "",
+             restart && *restart ? restart : "");
+  printf("placement: %s%s\n", at, slurm);
+}
+
 static void print_banner(const zt_plan *p, const zt_model *m, const zt_trainer *tr,
                          const zt_report *rep, const char *threads_why) {
   const zt_model_cfg *c = &p->model;
@@ -565,9 +588,21 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
   if (!rc) {
     rc = zt_grid_init(&grid, plan.parallel.dp, plan.parallel.tp, plan.parallel.pp, e);
     grid_up = !rc;
-    if (!rc && grid.tp_spans_nodes && grid.tp_rank == 0)
-      fprintf(stderr, "ztrain: warning: the TP group of rank %d spans nodes: its all-reduces "
-              "cross the network on every layer; keep tp <= ranks per node\n", world->rank);
+    /* every rank knows the widest TP group: all refuse alike, rank 0 says it */
+    if (!rc && grid.tp_nodes > 1) {
+      char at[512];
+      zt_grid_describe(&grid, at, sizeof at);
+      if (plan.parallel.strict)
+        rc = zt_err_set(e, ZT_EINPUT, "parallel.strict: tp = %d spans %d nodes, the most ranks "
+                        "on one node being %d (%s); start at least %d ranks per node (mpirun "
+                        "--map-by ppr:%d:node, srun --ntasks-per-node=%d), or lower tp",
+                        grid.tp, grid.tp_nodes, max_node_ranks(&grid), at, grid.tp, grid.tp,
+                        grid.tp);
+      else if (rank0)
+        fprintf(stderr, "ztrain: warning: tp = %d spans %d nodes (%s): its all-reduces cross "
+                "the network on every layer; keep tp <= ranks per node (parallel.strict = true "
+                "refuses this)\n", grid.tp, grid.tp_nodes, at);
+    }
   }
   zt_stage_cfg stage = {0};
   int piped = plan.parallel.pp > 1;
@@ -650,6 +685,7 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
   }
   rc = agree(world, rc, e);
   if (!rc && rank0) print_banner(&plan, &model, &tr, &rep, threads_why);
+  if (!rc && rank0) print_placement(&grid);
   if (!rc && rank0)
     printf("memory plan: %.1f MiB at peak on rank 0 above the empty process (%.1f MiB); "
            "ztrain plan shows every rank\n", mplan.peak_bytes / 1048576.0, base_rss / 1048576.0);

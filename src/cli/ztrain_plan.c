@@ -11,10 +11,11 @@
 #include "kernels/cpu/gemm_path.h"
 #include "src/config/dsconfig.h"
 #include "src/cli/ztrain_plan_search.h"
+#include "parallel/grid.h"
 #include "src/plan/memory.h"
 
 static const char plan_usage[] =
-    "Usage: ztrain plan SCRIPT.lua [-e STMT]... [--ds-config JSON] [--json]\n"
+    "Usage: ztrain plan SCRIPT.lua [-e STMT]... [--ds-config JSON] [--ranks-per-node R] [--json]\n"
     "       ztrain plan SCRIPT.lua --world N --mem-per-rank GIB [--ranks-per-node R]\n"
     "                   [--link intra=GB/s,inter=GB/s] [--peak TFLOP/s] [--gemm-eff F]\n"
     "                   [--mem-bw GB/s] [--top K] [-e STMT]...\n"
@@ -31,6 +32,9 @@ static const char plan_usage[] =
     "  -e STMT            a Lua statement after the script (repeatable)\n"
     "      --ds-config JSON  a DeepSpeed config, as ztrain takes it\n"
     "      --json         one JSON object on stdout\n"
+    "      --ranks-per-node R  also show the placement with R consecutive ranks\n"
+    "                     per node (as srun and mpirun place them): which ranks\n"
+    "                     share a node, which groups cross nodes; JSON: placement\n"
     "      --script-timeout S, --script-memory MIB  as ztrain's\n"
     "\n"
     "With --world and --mem-per-rank: the layouts of the script's model on N\n"
@@ -63,9 +67,10 @@ int zt_plan_main(int argc, char **argv) {
       {"json", no_argument, 0, 'j'},          {"ds-config", required_argument, 0, 'D'},
       {"script-timeout", required_argument, 0, 'T'},
       {"script-memory", required_argument, 0, 'M'}, {"help", no_argument, 0, 'h'},
+      {"ranks-per-node", required_argument, 0, 'r'},
       {0, 0, 0, 0}};
   char **stmts = calloc((size_t)argc + 1, sizeof *stmts);
-  int nstmts = 0, json = 0, c, rc = ZT_OK;
+  int nstmts = 0, json = 0, c, rc = ZT_OK, per_node = 0;
   zt_script_limits lim = {0};
   zt_dsconfig ds = {0};
   const char *ds_path = NULL;
@@ -92,6 +97,15 @@ int zt_plan_main(int argc, char **argv) {
         *(c == 'M' ? &lim.mib : &lim.seconds) = v;
         break;
       }
+      case 'r': {
+        char *end;
+        long v = strtol(optarg, &end, 10);
+        if (end == optarg || *end || v < 1 || v > 1 << 20)
+          rc = zt_err_set(&e, ZT_EINPUT, "--ranks-per-node needs a whole number from 1 to %d, "
+                          "got '%s'", 1 << 20, optarg);
+        per_node = (int)v;
+        break;
+      }
       case 'h':
         fputs(plan_usage, stdout);
         free(stmts);
@@ -114,11 +128,25 @@ int zt_plan_main(int argc, char **argv) {
   zt_memplan *ranks = loaded ? calloc((size_t)world, sizeof *ranks) : NULL;
   if (loaded && !ranks) rc = zt_err_set(&e, ZT_ERUNTIME, "out of memory");
   for (int r = 0; !rc && r < world; r++) rc = zt_memplan_rank(&plan, r, threads, &ranks[r], &e);
+  zt_grid place = {0};
+  if (!rc && per_node) rc = zt_grid_plan_placement(&place, pc->dp, pc->tp, pc->pp, per_node, &e);
+  if (!rc && per_node && place.tp_nodes > 1 && pc->strict) /* as the run would */
+    rc = zt_err_set(&e, ZT_EINPUT, "parallel.strict: tp = %d spans %d nodes at %d ranks per node; "
+                    "start at least %d ranks per node, or lower tp", pc->tp, place.tp_nodes,
+                    per_node, pc->tp);
   if (!rc && json) {
     json_t *list = json_array();
     for (int r = 0; r < world; r++) json_array_append_new(list, zt_memplan_json(&ranks[r]));
     json_t *o = json_pack("{s:s, s:o, s:o}", "script", argv[optind], "layout",
                           layout_json(&plan, world, threads), "ranks", list);
+    if (per_node) {
+      json_t *of = json_array();
+      for (int r = 0; r < world; r++) json_array_append_new(of, json_integer(place.node_of[r]));
+      json_object_set_new(o, "placement",
+                          json_pack("{s:i, s:i, s:o, s:i, s:i, s:i}", "ranks_per_node", per_node,
+                                    "nodes", place.nodes, "node_of", of, "tp_nodes", place.tp_nodes,
+                                    "dp_nodes", place.dp_nodes, "pp_nodes", place.pp_nodes));
+    }
     char *s = json_dumps(o, JSON_INDENT(1));
     if (s) puts(s);
     free(s);
@@ -132,6 +160,15 @@ int zt_plan_main(int argc, char **argv) {
            argv[optind], world, world > 1 ? "s" : "", pc->dp, pc->tp, pc->pp, pc->zero.stage,
            zt_dtype_name(plan.train.precision), plan.train.micro_batch, threads,
            threads > 1 ? "s" : "");
+    if (per_node) {
+      char at[2048];
+      zt_grid_describe(&place, at, sizeof at);
+      printf("placement with %d ranks per node: %s\n", per_node, at);
+      if (place.tp_nodes > 1)
+        printf("warning: tp = %d spans %d nodes: its all-reduces would cross the network on every "
+               "layer (ztrain warns; parallel.strict = true refuses); keep tp <= ranks per node\n",
+               pc->tp, place.tp_nodes);
+    }
     if (pc->pp > 1) {
       printf("schedule %s: peak in-flight micro-batches per stage (simulated):",
              plan.pipeline.schedule.name);
@@ -150,6 +187,7 @@ int zt_plan_main(int argc, char **argv) {
   }
   if (rc) fprintf(stderr, "ztrain plan: error: %s\n", e.msg);
   free(ranks);
+  zt_grid_free(&place);
   if (loaded) zt_plan_free(&plan);
   zt_dsconfig_free(&ds);
   free(stmts);

@@ -458,6 +458,7 @@ static int read_parallel(lua_State *L, zt_parallel_cfg *p, int world, zt_err *e)
   p->tp = (int)integer(L, "tp");
   p->pp = (int)integer(L, "pp");
   p->timeout = num(L, "timeout");
+  p->strict = boolean(L, "strict");
   p->sequence_parallel = boolean(L, "sequence_parallel");
   char *device = dupstr(L, "device");
   p->device = !strcmp(device, "cpu") ? ZT_DEVICE_CPU : !strcmp(device, "cuda") ? ZT_DEVICE_CUDA

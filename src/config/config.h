@@ -20,6 +20,7 @@ typedef struct zt_parallel_cfg {
   zt_device_kind device;
   zt_zero_cfg zero;
   double timeout; /* watchdog, seconds */
+  int strict;     /* refuse a layout whose TP groups cross nodes (else a warning) */
   int sequence_parallel; /* copied to model.sequence_parallel */
   /* offload (the policy's placements are in zero.offload): the groups'
    * bytes per kind and placement on one rank of their stage, for the

@@ -77,6 +77,10 @@ void zt_report_step(zt_report *r, const zt_step_stats *st) {
                         (json_int_t)st->buffer_bytes, "act_bytes", (json_int_t)st->act_bytes);
   /* a key of its own, after the others: readers of the older lines keep working */
   if (o) json_object_set_new(o, "scratch_bytes", json_integer((json_int_t)r->scratch_bytes));
+  if (o)
+    json_object_set_new(o, "bytes_inter_node",
+                        json_pack("{s:I, s:I}", "dp", (json_int_t)st->bytes_dp_inter, "tp",
+                                  (json_int_t)st->bytes_tp_inter));
   /* the plain line's tokens/s and MFU, so that a report need not redo them;
    * MFU as a fraction like the bubble, only where a peak is known */
   if (o) json_object_set_new(o, "tok_s", jnum(step_tok_s));

@@ -464,6 +464,9 @@ int zt_trainer_step(zt_trainer *t, zt_step_stats *st, zt_err *e) {
   st->tokens = tokens;
   st->bytes_dp = zt_comm_total_bytes(&g->dp_comm) - dp0;
   st->bytes_tp = zt_model_tp_bytes(m) - tp0;
+  /* a ring's sends go to the next member: across the network or not */
+  st->bytes_dp_inter = g->dp_inter ? st->bytes_dp : 0;
+  st->bytes_tp_inter = g->tp_inter ? st->bytes_tp : 0;
   st->bubble = st->bubble_sim = 0;
   st->pipeline = t->piped;
   if (t->piped) bubbles(t, st);

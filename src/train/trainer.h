@@ -40,6 +40,8 @@ typedef struct zt_step_stats {
   double loss, lr, grad_norm, ms;
   int64_t tokens;                /* tokens in this step's global batch */
   uint64_t bytes_dp, bytes_tp;   /* bytes this rank moved on each group */
+  uint64_t bytes_dp_inter, bytes_tp_inter; /* of those, sent to another node (ring model: all
+                                            * when the group's next member is on one) */
   int64_t state_bytes;           /* model states held by this rank */
   int64_t buffer_bytes;          /* ZeRO gather and bucket buffers */
   int64_t act_bytes;             /* activation slots and scratch (zt_model.act_bytes) */
