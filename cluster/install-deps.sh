@@ -2,7 +2,10 @@
 # Installs the Debian packages ztrain needs that are missing (build, run and,
 # unless --no-test, the test suite's references: PyTorch/h5py, python3-venv
 # for tests/ref/venv.sh's transformers, chromium and python3-pil for the test
-# of `ztrain report`, which renders its page and reads the screenshot).
+# of `ztrain report`, which renders its page and reads the screenshot;
+# Slurm's daemons and client and iproute2 for the test cluster of
+# tests/cluster/, which runs them from a private config: nothing is
+# enabled or started here).
 # Idempotent: installs nothing when everything is there. Needs root or sudo.
 set -eu
 build=(build-essential cmake ninja-build pkg-config
@@ -11,7 +14,8 @@ build=(build-essential cmake ninja-build pkg-config
        libpcre2-dev libsentencepiece-dev libutf8proc-dev
        liburing-dev)
 test=(libcmocka-dev python3 python3-numpy python3-h5py python3-torch python3-venv procps
-      chromium python3-pil python3-sentencepiece)
+      chromium python3-pil python3-sentencepiece
+      slurmctld slurmd slurm-client iproute2 util-linux)
 want=("${build[@]}")
 [ "${1:-}" = "--no-test" ] || want+=("${test[@]}")
 
