@@ -68,6 +68,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
 CredType=cred/none
+# Slurm holds a requeued job for the credential lifetime (120 s by
+# default) and looks at the queue every sched_interval (60 s): shortened
+# here so that the requeue test takes seconds, not minutes
+AuthInfo=cred_expire=10
+SchedulerParameters=sched_interval=2
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Failure on the test cluster: a job of cluster/ztrain.sbatch (2 nodes x 2
 # ranks, dp 2 x tp 2, parallel.timeout 10 s) loses (a) one rank to SIGKILL,
-# (b) a whole node: its link goes down and every process in it is killed
+# (b) a whole compute node (not the batch host): its link goes down and every process in it is killed
 # (slurmd and slurmstepd with the ranks: a node that lost power). Either
 # way every other rank must exit, non-zero, within the watchdog's timeout
 # and a margin, the job's log must name the rank and the node that failed
@@ -20,10 +20,12 @@ parallel = {dp = 2, tp = 2, timeout = $TIMEOUT}
 checkpoint = {every = 5}
 LUA
 
-ranks_on() { # NODE: pids of ztrain processes inside it
+ranks_on() { # NODE: pids of ztrain processes running inside it (not
+              # zombies: a killed node's ranks wait there to be reaped)
   local p
   for p in $(zc_node_pids "$1"); do
-    [ "$(cat /proc/$p/comm 2>/dev/null)" = ztrain ] && echo "$p"
+    [ "$(cat /proc/$p/comm 2>/dev/null)" = ztrain ] &&
+      [ "$(awk '{print $3}' /proc/$p/stat 2>/dev/null)" != Z ] && echo "$p"
   done
 }
 all_ranks() { ranks_on 1; ranks_on 2; }
@@ -48,7 +50,7 @@ ended() {
   done
   t=$(awk "BEGIN { printf \"%.1f\", $(now) - $2 }")
   if [ -z "$(all_ranks)" ] && awk "BEGIN { exit !($t < $TIMEOUT + 30) }"; then ok
-  else bad "$1: ranks left after ${t} s: $(all_ranks | tr '\n' ' ')"; fi
+  else bad "$1: ranks left after ${t} s: $(all_ranks | tr '\n' ' '); log: $(tail -8 "$1.log")"; fi
   echo "$1: every rank exited ${t} s after the failure (timeout ${TIMEOUT} s)"
   T=$t
 }
@@ -68,15 +70,21 @@ if start kill; then
   T_KILL=$T
 fi
 
-# (b) node2 down: cut off, then everything in it killed
+# (b) a compute node down: cut off, then everything in it killed. Not the
+# job's batch host: losing that one takes srun and the job's log with it,
+# and Slurm itself ends the job once it declares the node dead
+# (SlurmdTimeout); here the survivors must find out on their own.
 if start down; then
+  batch=$(scontrol show job "$j" | grep -o 'BatchHost=node[0-9]*' | cut -d= -f2)
+  k=2; [ "$batch" = node2 ] && k=1
+  lo=$(( (k - 1) * 2 )); hi=$((lo + 1))
   t0=$(now)
-  ip link set zt7v2 down
-  for p in $(zc_node_pids 2); do kill -9 "$p" 2>/dev/null; done
+  ip link set "zt7v$k" down
+  for p in $(zc_node_pids $k); do kill -9 "$p" 2>/dev/null; done
   ended down "$t0"
-  if grep -Eq "rank [23] \(pid [0-9]+ on node2\) does not answer" down.log &&
+  if grep -Eq "rank [$lo$hi] \(pid [0-9]+ on node$k\) does not answer" down.log &&
      grep -q "resume auto" down.log; then ok
-  else bad "down: the log does not name the silent ranks on node2 or say how to resume: $(grep watchdog down.log | head -8)"; fi
+  else bad "down (node$k, batch host $batch): the log does not name the silent ranks on node$k or say how to resume: $(tail -12 down.log)"; fi
   T_DOWN=$T
 fi
 echo "failure: rank killed: ranks gone after ${T_KILL:-?} s; node down: after ${T_DOWN:-?} s (watchdog timeout $TIMEOUT s)"
