@@ -127,6 +127,16 @@ int zt_grid_init(zt_grid *g, int dp, int tp, int pp, zt_err *e) {
   return rc;
 }
 
+int zt_grid_max_node_ranks(const zt_grid *g) {
+  int most = 0;
+  for (int k = 0; k < g->nodes; k++) {
+    int n = 0;
+    for (int r = 0; r < g->world.size; r++) n += g->node_of[r] == k;
+    most = n > most ? n : most;
+  }
+  return most;
+}
+
 /* "ranks 0-3" for the node's ranks when consecutive, else "ranks 0,2". */
 static void node_ranks(const zt_grid *g, int k, char *buf, size_t n) {
   int first = -1, last = -1, runs = 0;

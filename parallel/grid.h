@@ -42,6 +42,9 @@ void zt_grid_free(zt_grid *g);
  * spans; no groups (free with zt_grid_free). For ztrain plan. */
 int zt_grid_plan_placement(zt_grid *g, int dp, int tp, int pp, int ranks_per_node, zt_err *e);
 
+/* The most ranks any node holds. */
+int zt_grid_max_node_ranks(const zt_grid *g);
+
 /* "2 nodes (node1: ranks 0-1; node2: ranks 2-3); tp groups inside nodes,
  * dp groups across 2 nodes, pp inside" into buf. */
 void zt_grid_describe(const zt_grid *g, char *buf, size_t n);

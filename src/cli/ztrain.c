@@ -401,17 +401,6 @@ static double logical_params(const zt_model *m) {
   return n;
 }
 
-/* The most ranks any node holds. */
-static int max_node_ranks(const zt_grid *g) {
-  int most = 0;
-  for (int k = 0; k < g->nodes; k++) {
-    int n = 0;
-    for (int r = 0; r < g->world.size; r++) n += g->node_of[r] == k;
-    most = n > most ? n : most;
-  }
-  return most;
-}
-
 /* Where the ranks run, and under which Slurm job: one line. */
 static void print_placement(const zt_grid *g) {
   char at[1024];
@@ -596,7 +585,7 @@ static int train_main(const cli_args *a, zt_comm *world, const char *threads_why
         rc = zt_err_set(e, ZT_EINPUT, "parallel.strict: tp = %d spans %d nodes, the most ranks "
                         "on one node being %d (%s); start at least %d ranks per node (mpirun "
                         "--map-by ppr:%d:node, srun --ntasks-per-node=%d), or lower tp",
-                        grid.tp, grid.tp_nodes, max_node_ranks(&grid), at, grid.tp, grid.tp,
+                        grid.tp, grid.tp_nodes, zt_grid_max_node_ranks(&grid), at, grid.tp, grid.tp,
                         grid.tp);
       else if (rank0)
         fprintf(stderr, "ztrain: warning: tp = %d spans %d nodes (%s): its all-reduces cross "

@@ -10,15 +10,14 @@
 #
 #   zc_up N [CPUS]    start N nodes of CPUS declared cpus (default 4)
 #   zc_down           stop every daemon by its PID, remove namespaces, bridge
-#   zc_run_on K CMD   run CMD inside node K (its network and hostname)
 #   zc_node_pids K    every process that runs inside node K
 #
 # Needs root, iproute2, unshare and Debian's slurmctld/slurmd/slurm-client;
 # zc_up returns 77 (ctest's "skipped") when the machine refuses namespaces
-# or lacks Slurm, with the reason on stderr. The state lives in $ZC (a temp
-# dir); SLURM_CONF is exported for the clients.
+# or lacks Slurm, with the reason on stderr. The state lives in $ZC
+# (default ./cluster); SLURM_CONF is exported for the clients.
 
-ZC_NET=${ZC_NET:-10.213.7}     # /24 of the bridge; .1 the controller, .1K node K
+ZC_NET=${ZC_NET:-10.213.7}     # /24 of the bridge; .1 the controller, .(10+K) node K
 ZC_BR=${ZC_BR:-ztbr7}
 ZC_PORT=${ZC_PORT:-17817}      # slurmctld; slurmd listens on +1
 ZC_NODES=0
@@ -26,13 +25,6 @@ ZC_NODES=0
 zc_skip() { echo "cluster: skipped: $*" >&2; return 77; }
 
 zc_ns() { echo "zt7n$1"; }
-
-zc_run_on() {
-  local k=$1; shift
-  # the node's hostname and /tmp live in namespaces its slurmd holds: join them
-  local p; p=$(cat "$ZC/slurmd.$k.pid")
-  nsenter --net=/proc/$p/ns/net --uts=/proc/$p/ns/uts --mount=/proc/$p/ns/mnt "$@"
-}
 
 zc_node_pids() { ip netns pids "$(zc_ns $1)" 2>/dev/null; }
 
@@ -109,9 +101,7 @@ zc_up() {
   for c in slurmctld slurmd sbatch srun ip nsenter unshare; do
     command -v $c > /dev/null || { zc_skip "$c is not installed (cluster/install-deps.sh --cluster)"; return 77; }
   done
-  # not under /tmp, which each node replaces with its own
   ZC=${ZC:-$PWD/cluster}
-  case "$ZC" in /tmp/*) zc_skip "ZC=$ZC: the cluster's directory cannot be under /tmp"; return 77;; esac
   mkdir -p "$ZC"
   mkdir -p "$ZC/state"
   for k in $(seq 1 "$n"); do mkdir -p "$ZC/spool/node$k"; done
@@ -139,13 +129,17 @@ zc_up() {
     { echo "cluster: slurmctld did not start:" >&2; tail -5 "$ZC/slurmctld.log" "$ZC/slurmctld.out" >&2; return 1; }
   for k in $(seq 1 "$n"); do
     # nsenter, not ip netns exec: that remounts /sys, hiding the cgroup tree
-    # slurmd reads. A node has its own /tmp and /dev/shm, as real ones do
-    # (PMIx and Open MPI keep per-job files there under names that are not
-    # per node); everything else, $ZC and the build among it, is shared.
-    mkdir -p "$ZC/tmp/node$k"
+    # slurmd reads. A node has its own /dev/shm, and its own config
+    # directory whose mpi.conf gives PMIx a temporary directory of its own:
+    # Slurm's PMIx plugin names its files per job, not per node, under
+    # /tmp, which the nodes share (as they share everything else: the
+    # build, the test's folder)
+    mkdir -p "$ZC/tmp/node$k" "$ZC/conf/node$k"
+    cp "$ZC/slurm.conf" "$ZC/conf/node$k/slurm.conf"
+    echo "PMIxCliTmpDirBase=$ZC/tmp/node$k" > "$ZC/conf/node$k/mpi.conf"
+    SLURM_CONF=$ZC/conf/node$k/slurm.conf TMPDIR=$ZC/tmp/node$k \
     nsenter --net=/var/run/netns/$(zc_ns $k) unshare --uts --mount --propagation private sh -c \
-      "mount --bind '$ZC/tmp/node$k' /tmp && mount -t tmpfs -o size=2g tmpfs /dev/shm &&
-       hostname node$k && exec slurmd" \
+      "mount -t tmpfs -o size=2g tmpfs /dev/shm && hostname node$k && exec slurmd" \
       > "$ZC/slurmd.$k.out" 2>&1 ||
       { echo "cluster: slurmd of node$k did not start:" >&2; tail -5 "$ZC/slurmd.node$k.log" >&2; return 1; }
   done
@@ -157,7 +151,6 @@ zc_up() {
     [ $up = 1 ] && break
     sleep 0.1
   done
-  for k in $(seq 1 "$n"); do ln -sf "$ZC/slurmd.node$k.pid" "$ZC/slurmd.$k.pid"; done
   # every node idle
   for _ in $(seq 150); do
     [ "$(sinfo -h -N -o '%t' 2>/dev/null | grep -c '^idle')" = "$n" ] && return 0

@@ -1,5 +1,5 @@
-# common.sh for tests/cluster: a work folder every node can see (not /tmp,
-# which each node replaces with its own), the model and data the tests
+# common.sh for tests/cluster: a work folder (the nodes share the file
+# system, as a cluster's nodes share /home), the model and data the tests
 # share, and the cluster. Sources cluster.sh and tests/cli/common.sh (ok,
 # bad, zt_tokens).
 #   zct_setup ZTRAIN NODES   Z, HERE, W (the work folder, removed at exit
@@ -11,7 +11,7 @@
 zct_setup() {
   Z=$(realpath "$1")
   HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  W=$(mktemp -d "$PWD/zcluster.XXXXXX")
+  W=$(mktemp -d)
   ZC=$W/cluster
   trap 'zc_down; [ -n "${ZCT_KEEP:-}" ] || rm -rf "$W"' EXIT
   cd "$W"
